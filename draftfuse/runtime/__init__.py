@@ -1,0 +1,1 @@
+"""The draftfuse runtime: the torch.compile backend, `draft_loop`, `fold`, capture checks and errors."""
