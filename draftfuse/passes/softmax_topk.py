@@ -617,7 +617,7 @@ def _values(m: _Match, emit: _Emitter, index_keepdim: torch.fx.Node | None, prob
     keep = sel.keepdim
     if m.k == 1 and probs == "ones":
         # greedy chains that never read the probabilities: the constant the caller asked for
-        value = emit.call("zeros_like" if m.log else "ones_like", index_keepdim, emit.dtype_of(parts.sum_exp()))
+        value = emit.call("zeros_like" if m.log else "ones_like", index_keepdim, m.prob_dtype)
     elif m.k == 1 and sel.largest:
         # the row maximum of z = s - max(s) is exactly 0 and exp(0) = 1, so p_max = 1 / sum(exp(z))
         value = emit.call("neg", parts.log_sum()) if m.log else emit.call("reciprocal", parts.sum_exp())
@@ -646,9 +646,12 @@ def _apply(m: _Match, emit: _Emitter, probs: Probs) -> Rewrite:
     wants_values = bool(getitems[0])
     if m.k == 1:
         pick = "argmax" if sel.largest else "argmin"
-        index = emit.call(pick, m.logits, m.dim, sel.keepdim)
         needs_keepdim_index = wants_values and (probs == "ones" or not sel.largest)
-        index_keepdim = index if sel.keepdim or not needs_keepdim_index else emit.call(pick, m.logits, m.dim, True)
+        if sel.keepdim or not needs_keepdim_index:
+            index = index_keepdim = emit.call(pick, m.logits, m.dim, sel.keepdim)
+        else:  # the values gather along dim: take the index with the dim kept, then drop it
+            index_keepdim = emit.call(pick, m.logits, m.dim, True)
+            index = emit.call("squeeze", index_keepdim, m.dim)
         rule = f"{'log_' if m.log else ''}softmax+{sel.kind}(k=1) -> {pick}"
     else:
         topk = emit.call("topk", m.logits, m.k, m.dim, sel.largest, True)

@@ -1,0 +1,29 @@
+"""Test helpers: capture a function's Dynamo graph and a compiled function's post-grad graphs as text."""
+
+from __future__ import annotations
+
+import torch
+import torch.fx
+from torch._dynamo.testing import normalize_gm
+
+
+def dynamo_graph(fn, *args) -> torch.fx.GraphModule:
+    """The one Dynamo graph of fn(*args) (fullgraph), not compiled further."""
+    graphs = []
+
+    def backend(gm, example_inputs):
+        graphs.append(gm)
+        return gm.forward
+
+    torch._dynamo.reset()
+    torch.compile(fn, backend=backend, fullgraph=True)(*args)
+    assert len(graphs) == 1
+    return graphs[0]
+
+
+def graph_text(gm: torch.fx.GraphModule) -> str:
+    return normalize_gm(gm.print_readable(print_output=False))
+
+
+def fx_graph_text(graph: torch.fx.Graph) -> str:
+    return graph_text(torch.fx.GraphModule(torch.nn.Module(), graph))

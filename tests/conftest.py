@@ -1,0 +1,18 @@
+import os
+
+import pytest
+import torch
+from hypothesis import settings
+
+# Property tests run a Dynamo capture per example: keep them few and without deadlines on slow CPUs.
+settings.register_profile("draftfuse", max_examples=int(os.environ.get("DRAFTFUSE_HYPOTHESIS_EXAMPLES", "40")), deadline=None)
+settings.load_profile("draftfuse")
+
+
+def pytest_collection_modifyitems(config, items):
+    if torch.cuda.is_available():
+        return
+    skip = pytest.mark.skip(reason="needs a CUDA GPU (run `python -m pytest -m cuda` on a GPU machine)")
+    for item in items:
+        if "cuda" in item.keywords:
+            item.add_marker(skip)

@@ -1,0 +1,557 @@
+"""Golden graphs of the softmax -> topk pass on Dynamo graphs: every spelling it rewrites, every refusal.
+
+Each test shows the graph before and after; EXPECTTEST_ACCEPT=1 regenerates the expected text.
+"""
+
+import torch
+import torch.nn.functional as F
+from expecttest import TestCase
+
+from draftfuse.passes.softmax_topk import rewrite_softmax_topk
+from tests._graphs import dynamo_graph, graph_text
+
+X = torch.randn(4, 32)
+X_BF16 = torch.randn(4, 32, dtype=torch.bfloat16)
+
+
+class DynamoRewrites(TestCase):
+    def rewrite(self, fn, *args, **options):
+        gm = dynamo_graph(fn, *args)
+        before = graph_text(gm)
+        result = rewrite_softmax_topk(gm, **options)
+        self.assertEqual(graph_text(gm), before, "the pass must not modify its input")
+        # the rewritten module computes the same tokens on these inputs
+        for got, want in zip(torch.utils._pytree.tree_leaves(result.graph_module(*args)), torch.utils._pytree.tree_leaves(fn(*args))):
+            if not want.dtype.is_floating_point:
+                self.assertTrue(torch.equal(got, want), f"{got} != {want}")
+        return before, graph_text(result.graph_module), result.report
+
+    def test_topk1_function_kwargs(self):
+        def f(x):
+            p = torch.softmax(x, dim=-1)
+            return torch.topk(p, k=1, dim=-1)
+
+        before, after, report = self.rewrite(f, X)
+        self.assertExpectedInline(before, """\
+class GraphModule(torch.nn.Module):
+    def forward(self, L_x_: "f32[4, 32]"):
+        l_x_ = L_x_
+
+        p: "f32[4, 32]" = torch.softmax(l_x_, dim = -1);  l_x_ = None
+
+        topk = torch.topk(p, k = 1, dim = -1);  p = None
+        getitem: "f32[4, 1]" = topk[0]
+        getitem_1: "i64[4, 1]" = topk[1];  topk = None
+        return (getitem, getitem_1)
+""")
+        self.assertExpectedInline(after, """\
+class GraphModule(torch.nn.Module):
+    def forward(self, L_x_: "f32[4, 32]"):
+        l_x_ = L_x_
+
+        argmax: "i64[4, 1]" = torch.argmax(l_x_, dim = 1, keepdim = True)
+        amax: "f32[4, 1]" = torch.amax(l_x_, dim = 1, keepdim = True)
+        sub: "f32[4, 32]" = torch.sub(l_x_, amax);  l_x_ = amax = None
+        exp: "f32[4, 32]" = torch.exp(sub);  sub = None
+        sum_1: "f32[4, 1]" = torch.sum(exp, dim = 1, keepdim = True);  exp = None
+        reciprocal: "f32[4, 1]" = torch.reciprocal(sum_1);  sum_1 = None
+        return (reciprocal, argmax)
+""")
+        self.assertEqual(len(report.rewrites), 1)
+
+    def test_topk1_method_positional_f_softmax_dtype(self):
+        def f(x):
+            p = F.softmax(x, -1, dtype=torch.float32)
+            v, i = p.topk(1)
+            return v, i
+
+        before, after, _ = self.rewrite(f, X_BF16)
+        self.assertExpectedInline(before, """\
+class GraphModule(torch.nn.Module):
+    def forward(self, L_x_: "bf16[4, 32]"):
+        l_x_ = L_x_
+
+        p: "f32[4, 32]" = torch.nn.functional.softmax(l_x_, -1, dtype = torch.float32);  l_x_ = None
+
+        topk = p.topk(1);  p = None
+        v: "f32[4, 1]" = topk[0]
+        i: "i64[4, 1]" = topk[1];  topk = None
+        return (v, i)
+""")
+        self.assertExpectedInline(after, """\
+class GraphModule(torch.nn.Module):
+    def forward(self, L_x_: "bf16[4, 32]"):
+        l_x_ = L_x_
+
+        argmax: "i64[4, 1]" = torch.argmax(l_x_, dim = 1, keepdim = True)
+        to: "f32[4, 32]" = l_x_.to(torch.float32);  l_x_ = None
+        amax: "f32[4, 1]" = torch.amax(to, dim = 1, keepdim = True)
+        sub: "f32[4, 32]" = torch.sub(to, amax);  to = amax = None
+        exp: "f32[4, 32]" = torch.exp(sub);  sub = None
+        sum_1: "f32[4, 1]" = torch.sum(exp, dim = 1, keepdim = True);  exp = None
+        reciprocal: "f32[4, 1]" = torch.reciprocal(sum_1);  sum_1 = None
+        return (reciprocal, argmax)
+""")
+
+    def test_max_dim_method_softmax(self):
+        def f(x):
+            probs, token = x.softmax(dim=1).max(dim=1)
+            return probs, token
+
+        before, after, _ = self.rewrite(f, X)
+        self.assertExpectedInline(before, """\
+class GraphModule(torch.nn.Module):
+    def forward(self, L_x_: "f32[4, 32]"):
+        l_x_ = L_x_
+
+        softmax: "f32[4, 32]" = l_x_.softmax(dim = 1);  l_x_ = None
+        max_1 = softmax.max(dim = 1);  softmax = None
+        probs: "f32[4]" = max_1[0]
+        token: "i64[4]" = max_1[1];  max_1 = None
+        return (probs, token)
+""")
+        self.assertExpectedInline(after, """\
+class GraphModule(torch.nn.Module):
+    def forward(self, L_x_: "f32[4, 32]"):
+        l_x_ = L_x_
+
+        argmax: "i64[4]" = torch.argmax(l_x_, dim = 1, keepdim = False)
+        amax: "f32[4, 1]" = torch.amax(l_x_, dim = 1, keepdim = True)
+        sub: "f32[4, 32]" = torch.sub(l_x_, amax);  l_x_ = amax = None
+        exp: "f32[4, 32]" = torch.exp(sub);  sub = None
+        sum_1: "f32[4, 1]" = torch.sum(exp, dim = 1, keepdim = True);  exp = None
+        reciprocal: "f32[4, 1]" = torch.reciprocal(sum_1);  sum_1 = None
+        squeeze: "f32[4]" = torch.squeeze(reciprocal, dim = 1);  reciprocal = None
+        return (squeeze, argmax)
+""")
+
+    def test_log_softmax_topk1(self):
+        def f(x):
+            return torch.log_softmax(x.float(), -1).topk(1, dim=-1)
+
+        before, after, _ = self.rewrite(f, X_BF16)
+        self.assertExpectedInline(before, """\
+class GraphModule(torch.nn.Module):
+    def forward(self, L_x_: "bf16[4, 32]"):
+        l_x_ = L_x_
+
+        float_1: "f32[4, 32]" = l_x_.float();  l_x_ = None
+        log_softmax: "f32[4, 32]" = torch.log_softmax(float_1, -1);  float_1 = None
+        topk = log_softmax.topk(1, dim = -1);  log_softmax = None
+        getitem: "f32[4, 1]" = topk[0]
+        getitem_1: "i64[4, 1]" = topk[1];  topk = None
+        return (getitem, getitem_1)
+""")
+        self.assertExpectedInline(after, """\
+class GraphModule(torch.nn.Module):
+    def forward(self, L_x_: "bf16[4, 32]"):
+        l_x_ = L_x_
+
+        float_1: "f32[4, 32]" = l_x_.float()
+        argmax: "i64[4, 1]" = torch.argmax(l_x_, dim = 1, keepdim = True);  l_x_ = None
+        amax: "f32[4, 1]" = torch.amax(float_1, dim = 1, keepdim = True)
+        sub: "f32[4, 32]" = torch.sub(float_1, amax);  float_1 = amax = None
+        exp: "f32[4, 32]" = torch.exp(sub);  sub = None
+        sum_1: "f32[4, 1]" = torch.sum(exp, dim = 1, keepdim = True);  exp = None
+        log: "f32[4, 1]" = torch.log(sum_1);  sum_1 = None
+        neg: "f32[4, 1]" = torch.neg(log);  log = None
+        return (neg, argmax)
+""")
+
+    def test_argmax_only_indices(self):
+        def f(x):
+            return F.softmax(x, dim=-1).argmax(dim=-1, keepdim=True)
+
+        before, after, _ = self.rewrite(f, X)
+        self.assertExpectedInline(before, """\
+class GraphModule(torch.nn.Module):
+    def forward(self, L_x_: "f32[4, 32]"):
+        l_x_ = L_x_
+
+        softmax: "f32[4, 32]" = torch.nn.functional.softmax(l_x_, dim = -1);  l_x_ = None
+        argmax: "i64[4, 1]" = softmax.argmax(dim = -1, keepdim = True);  softmax = None
+        return (argmax,)
+""")
+        self.assertExpectedInline(after, """\
+class GraphModule(torch.nn.Module):
+    def forward(self, L_x_: "f32[4, 32]"):
+        l_x_ = L_x_
+
+        argmax_1: "i64[4, 1]" = torch.argmax(l_x_, dim = 1, keepdim = True);  l_x_ = None
+        return (argmax_1,)
+""")
+
+    def test_smallest_argmin_min_topk_largest_false(self):
+        def f(x):
+            p = torch.softmax(x, -1)
+            a = torch.argmin(p, -1)
+            v, i = torch.min(p, -1)
+            w, j = torch.topk(p, 1, largest=False)
+            return a, v, i, w, j
+
+        before, after, report = self.rewrite(f, X)
+        self.assertExpectedInline(before, """\
+class GraphModule(torch.nn.Module):
+    def forward(self, L_x_: "f32[4, 32]"):
+        l_x_ = L_x_
+
+        p: "f32[4, 32]" = torch.softmax(l_x_, -1);  l_x_ = None
+
+        a: "i64[4]" = torch.argmin(p, -1)
+
+        min_1 = torch.min(p, -1)
+        v: "f32[4]" = min_1[0]
+        i: "i64[4]" = min_1[1];  min_1 = None
+
+        topk = torch.topk(p, 1, largest = False);  p = None
+        w: "f32[4, 1]" = topk[0]
+        j: "i64[4, 1]" = topk[1];  topk = None
+        return (a, v, i, w, j)
+""")
+        self.assertExpectedInline(after, """\
+class GraphModule(torch.nn.Module):
+    def forward(self, L_x_: "f32[4, 32]"):
+        l_x_ = L_x_
+
+        argmin: "i64[4]" = torch.argmin(l_x_, dim = 1, keepdim = False)
+
+        argmin_1: "i64[4, 1]" = torch.argmin(l_x_, dim = 1, keepdim = True)
+        squeeze: "i64[4]" = torch.squeeze(argmin_1, dim = 1)
+        amax: "f32[4, 1]" = torch.amax(l_x_, dim = 1, keepdim = True)
+        sub: "f32[4, 32]" = torch.sub(l_x_, amax);  amax = None
+        gather: "f32[4, 1]" = torch.gather(sub, dim = 1, index = argmin_1);  argmin_1 = None
+        exp: "f32[4, 1]" = torch.exp(gather);  gather = None
+        exp_1: "f32[4, 32]" = torch.exp(sub)
+        sum_1: "f32[4, 1]" = torch.sum(exp_1, dim = 1, keepdim = True);  exp_1 = None
+        div: "f32[4, 1]" = torch.div(exp, sum_1);  exp = None
+        squeeze_1: "f32[4]" = torch.squeeze(div, dim = 1);  div = None
+
+        argmin_2: "i64[4, 1]" = torch.argmin(l_x_, dim = 1, keepdim = True);  l_x_ = None
+        gather_1: "f32[4, 1]" = torch.gather(sub, dim = 1, index = argmin_2);  sub = None
+        exp_2: "f32[4, 1]" = torch.exp(gather_1);  gather_1 = None
+        div_1: "f32[4, 1]" = torch.div(exp_2, sum_1);  exp_2 = sum_1 = None
+        return (argmin, squeeze_1, squeeze, div_1, argmin_2)
+""")
+        self.assertEqual(len(report.rewrites), 3)
+
+    def test_topk4_tree(self):
+        def f(x):
+            p = torch.softmax(x, -1)
+            return p.topk(4, -1)
+
+        before, after, _ = self.rewrite(f, X)
+        self.assertExpectedInline(before, """\
+class GraphModule(torch.nn.Module):
+    def forward(self, L_x_: "f32[4, 32]"):
+        l_x_ = L_x_
+
+        p: "f32[4, 32]" = torch.softmax(l_x_, -1);  l_x_ = None
+
+        topk = p.topk(4, -1);  p = None
+        getitem: "f32[4, 4]" = topk[0]
+        getitem_1: "i64[4, 4]" = topk[1];  topk = None
+        return (getitem, getitem_1)
+""")
+        self.assertExpectedInline(after, """\
+class GraphModule(torch.nn.Module):
+    def forward(self, L_x_: "f32[4, 32]"):
+        l_x_ = L_x_
+
+        topk_1 = torch.topk(l_x_, k = 4, dim = 1, largest = True, sorted = True)
+        getitem_2: "i64[4, 4]" = topk_1[1];  topk_1 = None
+        amax: "f32[4, 1]" = torch.amax(l_x_, dim = 1, keepdim = True)
+        sub: "f32[4, 32]" = torch.sub(l_x_, amax);  l_x_ = amax = None
+        gather: "f32[4, 4]" = torch.gather(sub, dim = 1, index = getitem_2)
+        exp: "f32[4, 4]" = torch.exp(gather);  gather = None
+        exp_1: "f32[4, 32]" = torch.exp(sub);  sub = None
+        sum_1: "f32[4, 1]" = torch.sum(exp_1, dim = 1, keepdim = True);  exp_1 = None
+        div: "f32[4, 4]" = torch.div(exp, sum_1);  exp = sum_1 = None
+        return (div, getitem_2)
+""")
+
+    def test_temperature_division_and_upcast(self):
+        def f(x):
+            return torch.softmax(x.float() / 0.7, dim=-1).topk(1)
+
+        before, after, _ = self.rewrite(f, X_BF16)
+        self.assertExpectedInline(before, """\
+class GraphModule(torch.nn.Module):
+    def forward(self, L_x_: "bf16[4, 32]"):
+        l_x_ = L_x_
+
+        float_1: "f32[4, 32]" = l_x_.float();  l_x_ = None
+        truediv: "f32[4, 32]" = float_1 / 0.7;  float_1 = None
+        softmax: "f32[4, 32]" = torch.softmax(truediv, dim = -1);  truediv = None
+        topk = softmax.topk(1);  softmax = None
+        getitem: "f32[4, 1]" = topk[0]
+        getitem_1: "i64[4, 1]" = topk[1];  topk = None
+        return (getitem, getitem_1)
+""")
+        self.assertExpectedInline(after, """\
+class GraphModule(torch.nn.Module):
+    def forward(self, L_x_: "bf16[4, 32]"):
+        l_x_ = L_x_
+
+        float_1: "f32[4, 32]" = l_x_.float()
+        truediv: "f32[4, 32]" = float_1 / 0.7;  float_1 = None
+        argmax: "i64[4, 1]" = torch.argmax(l_x_, dim = 1, keepdim = True);  l_x_ = None
+        amax: "f32[4, 1]" = torch.amax(truediv, dim = 1, keepdim = True)
+        sub: "f32[4, 32]" = torch.sub(truediv, amax);  truediv = amax = None
+        exp: "f32[4, 32]" = torch.exp(sub);  sub = None
+        sum_1: "f32[4, 1]" = torch.sum(exp, dim = 1, keepdim = True);  exp = None
+        reciprocal: "f32[4, 1]" = torch.reciprocal(sum_1);  sum_1 = None
+        return (reciprocal, argmax)
+""")
+
+    def test_temperature_multiplication_and_cast_after(self):
+        def f(x):
+            p = torch.softmax(2.0 * x, dim=-1)
+            return p.to(torch.float32).max(-1)
+
+        before, after, _ = self.rewrite(f, X_BF16)
+        self.assertExpectedInline(before, """\
+class GraphModule(torch.nn.Module):
+    def forward(self, L_x_: "bf16[4, 32]"):
+        l_x_ = L_x_
+
+        mul: "bf16[4, 32]" = 2.0 * l_x_;  l_x_ = None
+        p: "bf16[4, 32]" = torch.softmax(mul, dim = -1);  mul = None
+
+        to: "f32[4, 32]" = p.to(torch.float32);  p = None
+        max_1 = to.max(-1);  to = None
+        getitem: "f32[4]" = max_1[0]
+        getitem_1: "i64[4]" = max_1[1];  max_1 = None
+        return (getitem, getitem_1)
+""")
+        self.assertExpectedInline(after, """\
+class GraphModule(torch.nn.Module):
+    def forward(self, L_x_: "bf16[4, 32]"):
+        l_x_ = L_x_
+
+        mul: "bf16[4, 32]" = 2.0 * l_x_
+
+        argmax: "i64[4]" = torch.argmax(l_x_, dim = 1, keepdim = False);  l_x_ = None
+        to_1: "f32[4, 32]" = mul.to(torch.float32);  mul = None
+        amax: "f32[4, 1]" = torch.amax(to_1, dim = 1, keepdim = True)
+        sub: "f32[4, 32]" = torch.sub(to_1, amax);  to_1 = amax = None
+        exp: "f32[4, 32]" = torch.exp(sub);  sub = None
+        sum_1: "f32[4, 1]" = torch.sum(exp, dim = 1, keepdim = True);  exp = None
+        reciprocal: "f32[4, 1]" = torch.reciprocal(sum_1);  sum_1 = None
+        squeeze: "f32[4]" = torch.squeeze(reciprocal, dim = 1);  reciprocal = None
+        to_2: "bf16[4]" = squeeze.to(torch.bfloat16);  squeeze = None
+        to_3: "f32[4]" = to_2.to(torch.float32);  to_2 = None
+        return (to_3, argmax)
+""")
+
+    def test_positive_dim_rank3_keepdim(self):
+        def f(x):
+            return torch.softmax(x, 2).max(2, keepdim=True)
+
+        before, after, _ = self.rewrite(f, torch.randn(2, 3, 16))
+        self.assertExpectedInline(before, """\
+class GraphModule(torch.nn.Module):
+    def forward(self, L_x_: "f32[2, 3, 16]"):
+        l_x_ = L_x_
+
+        softmax: "f32[2, 3, 16]" = torch.softmax(l_x_, 2);  l_x_ = None
+        max_1 = softmax.max(2, keepdim = True);  softmax = None
+        getitem: "f32[2, 3, 1]" = max_1[0]
+        getitem_1: "i64[2, 3, 1]" = max_1[1];  max_1 = None
+        return (getitem, getitem_1)
+""")
+        self.assertExpectedInline(after, """\
+class GraphModule(torch.nn.Module):
+    def forward(self, L_x_: "f32[2, 3, 16]"):
+        l_x_ = L_x_
+
+        argmax: "i64[2, 3, 1]" = torch.argmax(l_x_, dim = 2, keepdim = True)
+        amax: "f32[2, 3, 1]" = torch.amax(l_x_, dim = 2, keepdim = True)
+        sub: "f32[2, 3, 16]" = torch.sub(l_x_, amax);  l_x_ = amax = None
+        exp: "f32[2, 3, 16]" = torch.exp(sub);  sub = None
+        sum_1: "f32[2, 3, 1]" = torch.sum(exp, dim = 2, keepdim = True);  exp = None
+        reciprocal: "f32[2, 3, 1]" = torch.reciprocal(sum_1);  sum_1 = None
+        return (reciprocal, argmax)
+""")
+
+    def test_softmax_kept_for_other_user(self):
+        def f(x):
+            p = torch.softmax(x, -1)
+            v, i = p.topk(1)
+            return p, v, i
+
+        before, after, _ = self.rewrite(f, X)
+        self.assertExpectedInline(before, """\
+class GraphModule(torch.nn.Module):
+    def forward(self, L_x_: "f32[4, 32]"):
+        l_x_ = L_x_
+
+        p: "f32[4, 32]" = torch.softmax(l_x_, -1);  l_x_ = None
+
+        topk = p.topk(1)
+        v: "f32[4, 1]" = topk[0]
+        i: "i64[4, 1]" = topk[1];  topk = None
+        return (p, v, i)
+""")
+        self.assertExpectedInline(after, """\
+class GraphModule(torch.nn.Module):
+    def forward(self, L_x_: "f32[4, 32]"):
+        l_x_ = L_x_
+
+        p: "f32[4, 32]" = torch.softmax(l_x_, -1)
+
+        argmax: "i64[4, 1]" = torch.argmax(l_x_, dim = 1, keepdim = True)
+        amax: "f32[4, 1]" = torch.amax(l_x_, dim = 1, keepdim = True)
+        sub: "f32[4, 32]" = torch.sub(l_x_, amax);  l_x_ = amax = None
+        exp: "f32[4, 32]" = torch.exp(sub);  sub = None
+        sum_1: "f32[4, 1]" = torch.sum(exp, dim = 1, keepdim = True);  exp = None
+        reciprocal: "f32[4, 1]" = torch.reciprocal(sum_1);  sum_1 = None
+        return (p, reciprocal, argmax)
+""")
+
+    def test_probs_ones(self):
+        def f(x):
+            return torch.softmax(x, -1).topk(1)
+
+        _, after, report = self.rewrite(f, X, probs="ones")
+        self.assertExpectedInline(after, """\
+class GraphModule(torch.nn.Module):
+    def forward(self, L_x_: "f32[4, 32]"):
+        l_x_ = L_x_
+
+        argmax: "i64[4, 1]" = torch.argmax(l_x_, dim = 1, keepdim = True);  l_x_ = None
+        ones_like: "f32[4, 1]" = torch.ones_like(argmax, dtype = torch.float32)
+        return (ones_like, argmax)
+""")
+        self.assertIn('probs="ones"', str(report))
+
+
+class DynamoRefusals(TestCase):
+    def refuse(self, fn, *args, reason: str):
+        gm = dynamo_graph(fn, *args)
+        result = rewrite_softmax_topk(gm)
+        self.assertEqual(graph_text(result.graph_module), graph_text(gm), "a refused graph is left unchanged")
+        self.assertEqual(result.report.rewrites, [])
+        self.assertEqual(len(result.report.refusals), 1, str(result.report))
+        self.assertIn(reason, result.report.refusals[0].reason)
+        self.assertIn("test_softmax_topk_dynamo.py:", result.report.refusals[0].where)
+        return graph_text(gm)
+
+    def test_dims_differ(self):
+        def f(x):
+            return torch.softmax(x, 0).topk(1, dim=1)
+
+        self.assertExpectedInline(self.refuse(f, X, reason="softmax over dim 0 but selection over dim 1"), """\
+class GraphModule(torch.nn.Module):
+    def forward(self, L_x_: "f32[4, 32]"):
+        l_x_ = L_x_
+
+        softmax: "f32[4, 32]" = torch.softmax(l_x_, 0);  l_x_ = None
+        topk = softmax.topk(1, dim = 1);  softmax = None
+        getitem: "f32[4, 1]" = topk[0]
+        getitem_1: "i64[4, 1]" = topk[1];  topk = None
+        return (getitem, getitem_1)
+""")
+
+    def test_k_from_tensor(self):
+        def f(x, k):
+            return torch.topk(x.softmax(-1), k.item())
+
+        self.assertExpectedInline(self.refuse(f, X, torch.tensor(2), reason="is not a known constant"), """\
+class GraphModule(torch.nn.Module):
+    def forward(self, L_x_: "f32[4, 32]", L_k_: "i64[]"):
+        l_x_ = L_x_
+        l_k_ = L_k_
+
+        softmax: "f32[4, 32]" = l_x_.softmax(-1);  l_x_ = None
+        item: "Sym(s94)" = l_k_.item();  l_k_ = None
+        topk = torch.topk(softmax, item);  softmax = item = None
+        getitem: "f32[4, s94]" = topk[0]
+        getitem_1: "i64[4, s94]" = topk[1];  topk = None
+        return (getitem, getitem_1)
+""")
+
+    def test_negative_temperature(self):
+        def f(x):
+            return torch.softmax(x / -0.5, -1).topk(1)
+
+        self.assertExpectedInline(self.refuse(f, X, reason="not positive"), """\
+class GraphModule(torch.nn.Module):
+    def forward(self, L_x_: "f32[4, 32]"):
+        l_x_ = L_x_
+
+        truediv: "f32[4, 32]" = l_x_ / -0.5;  l_x_ = None
+        softmax: "f32[4, 32]" = torch.softmax(truediv, -1);  truediv = None
+        topk = softmax.topk(1);  softmax = None
+        getitem: "f32[4, 1]" = topk[0]
+        getitem_1: "i64[4, 1]" = topk[1];  topk = None
+        return (getitem, getitem_1)
+""")
+
+    def test_tensor_temperature(self):
+        def f(x, t):
+            return torch.softmax(x / t, -1).argmax(-1)
+
+        self.assertExpectedInline(self.refuse(f, X, torch.tensor(0.7), reason="sign is not known"), """\
+class GraphModule(torch.nn.Module):
+    def forward(self, L_x_: "f32[4, 32]", L_t_: "f32[]"):
+        l_x_ = L_x_
+        l_t_ = L_t_
+
+        truediv: "f32[4, 32]" = l_x_ / l_t_;  l_x_ = l_t_ = None
+        softmax: "f32[4, 32]" = torch.softmax(truediv, -1);  truediv = None
+        argmax: "i64[4]" = softmax.argmax(-1);  softmax = None
+        return (argmax,)
+""")
+
+    def test_unsorted_topk(self):
+        def f(x):
+            return torch.softmax(x, -1).topk(3, sorted=False)
+
+        self.assertExpectedInline(self.refuse(f, X, reason="sorted=False"), """\
+class GraphModule(torch.nn.Module):
+    def forward(self, L_x_: "f32[4, 32]"):
+        l_x_ = L_x_
+
+        softmax: "f32[4, 32]" = torch.softmax(l_x_, -1);  l_x_ = None
+        topk = softmax.topk(3, sorted = False);  softmax = None
+        getitem: "f32[4, 3]" = topk[0]
+        getitem_1: "i64[4, 3]" = topk[1];  topk = None
+        return (getitem, getitem_1)
+""")
+
+    def test_op_between_softmax_and_selection(self):
+        def f(x):
+            return (torch.softmax(x, -1) * 2).topk(1)
+
+        self.assertExpectedInline(self.refuse(f, X, reason="between softmax and selection"), """\
+class GraphModule(torch.nn.Module):
+    def forward(self, L_x_: "f32[4, 32]"):
+        l_x_ = L_x_
+
+        softmax: "f32[4, 32]" = torch.softmax(l_x_, -1);  l_x_ = None
+        mul: "f32[4, 32]" = softmax * 2;  softmax = None
+        topk = mul.topk(1);  mul = None
+        getitem: "f32[4, 1]" = topk[0]
+        getitem_1: "i64[4, 1]" = topk[1];  topk = None
+        return (getitem, getitem_1)
+""")
+
+    def test_logits_written_in_place_before_softmax(self):
+        def f(x):
+            y = x / 0.5
+            x.add_(1)
+            return torch.softmax(y, -1).argmax(-1)
+
+        self.assertExpectedInline(self.refuse(f, X.clone(), reason="in-place"), """\
+class GraphModule(torch.nn.Module):
+    def forward(self, L_x_: "f32[4, 32]"):
+        l_x_ = L_x_
+
+        y: "f32[4, 32]" = l_x_ / 0.5
+
+        add_: "f32[4, 32]" = l_x_.add_(1);  l_x_ = add_ = None
+
+        softmax: "f32[4, 32]" = torch.softmax(y, -1);  y = None
+        argmax: "i64[4]" = softmax.argmax(-1);  softmax = None
+        return (argmax,)
+""")
