@@ -292,7 +292,8 @@ class _Emitter:
         torch.fx.node.map_arg((args, kwargs), inputs.append)
         values = [a.meta.get(self.meta_key) for a in inputs]
         # The inputs' own fake mode: inside a compile the tracing context holds another one.
-        leaves = torch.utils._pytree.tree_leaves(values)
+        # (a constant such as full() has no tensor inputs: the selection's fake mode serves)
+        leaves = torch.utils._pytree.tree_leaves([*values, self.origin.meta.get(self.meta_key)])
         fake_mode = next((v.fake_mode for v in leaves if isinstance(v, FakeTensor)), None)
         if fake_mode is None or any(v is None for v in values):
             return None
@@ -368,6 +369,13 @@ class _AtenEmitter(_Emitter):
 
     level, meta_key = "aten", "val"
 
+    def _static_shape(self, node: torch.fx.Node) -> list[int]:
+        return [int(size) for size in node.meta["val"].shape]  # _values checks _has_static_shape first
+
+    def _like(self, node: torch.fx.Node, dtype: torch.dtype) -> dict:
+        device = node.meta["val"].device
+        return {"dtype": dtype, "layout": torch.strided, "device": device, "pin_memory": False}
+
     def call(self, name: str, *args: Any) -> torch.fx.Node:
         spelled = {
             "cast": lambda x, d: (prims.convert_element_type.default, (x, d)),
@@ -385,8 +393,9 @@ class _AtenEmitter(_Emitter):
             "reciprocal": lambda x: (aten.reciprocal.default, (x,)),
             "gather": lambda x, d, i: (aten.gather.default, (x, d, i)),
             "squeeze": lambda x, d: (aten.squeeze.dim, (x, d)),
-            "ones_like": lambda x, dt: (aten.full_like.default, (x, 1.0), {"dtype": dt}),
-            "zeros_like": lambda x, dt: (aten.full_like.default, (x, 0.0), {"dtype": dt}),
+            # post-grad graphs are decomposed: full_like is gone, full is what Inductor lowers
+            "ones_like": lambda x, dt: (aten.full.default, (self._static_shape(x), 1.0), self._like(x, dt)),
+            "zeros_like": lambda x, dt: (aten.full.default, (self._static_shape(x), 0.0), self._like(x, dt)),
         }[name](*args)
         target, targs = spelled[0], spelled[1]
         kwargs = spelled[2] if len(spelled) > 2 else {}
@@ -525,9 +534,13 @@ def _max_subtracted_input(z: torch.fx.Node, dim: int) -> torch.fx.Node | None:
         if _is_call(row_max, aten.amax.default) and row_max.args[0] is s and _normalise_dim(row_max.args[1], _rank(s)) == dim:
             return s
         return None
-    if _is_call(z, aten.div.Tensor) and isinstance(z.args[1], (int, float)) and z.args[1] > 0:
-        # (x - max(x)) / t: z's order is x's order; its max is still 0, so exp(z_max) = 1 as before
-        inner = _max_subtracted_input(z.args[0], dim)
+    if _is_call(z, aten.div.Tensor):
+        # (x - max(x)) / t: for t > 0, z's order is x's order and its max is still 0 (exp(0) = 1)
+        divisor = z.args[1]
+        if isinstance(divisor, torch.fx.Node):
+            raise _Refuse(f"temperature {divisor.name} is a tensor whose sign is not known")
+        if not (isinstance(divisor, (int, float)) and divisor > 0):
+            raise _Refuse(f"temperature {divisor} is not positive")
         return _max_subtracted_input(z.args[0], dim)
     if _is_call(z, aten.where.self):
         # Inductor rewrites softmax(x / t) as where(all finite, (x - max(x)) / t, x / t - max(x / t)):
@@ -615,7 +628,7 @@ def _values(m: _Match, emit: _Emitter, index_keepdim: torch.fx.Node | None, prob
     """The probabilities (or log-probabilities) the selection returned, without the probability tensor."""
     sel, parts = m.selection, m.parts
     keep = sel.keepdim
-    if m.k == 1 and probs == "ones":
+    if m.k == 1 and probs == "ones" and _has_static_shape(index_keepdim):
         # greedy chains that never read the probabilities: the constant the caller asked for
         value = emit.call("zeros_like" if m.log else "ones_like", index_keepdim, m.prob_dtype)
     elif m.k == 1 and sel.largest:
@@ -634,6 +647,12 @@ def _values(m: _Match, emit: _Emitter, index_keepdim: torch.fx.Node | None, prob
     for dtype in m.prob_casts:  # replay the casts the probabilities went through
         value = emit.call("cast", value, dtype)
     return value
+
+
+def _has_static_shape(node: torch.fx.Node) -> bool:
+    # a constant of a symbolic shape would need the size nodes: exact values are cheap enough there
+    value = _val(node)
+    return value is not None and all(isinstance(size, int) for size in value.shape)
 
 
 def _apply(m: _Match, emit: _Emitter, probs: Probs) -> Rewrite:

@@ -1,0 +1,255 @@
+"""Golden graphs of the softmax -> topk pass on Inductor's post-grad ATen graphs.
+
+There softmax is already decomposed (amax, sub, exp, sum, div; converts around it for half types;
+Inductor's own where-form for a temperature) and default arguments are dropped.
+"""
+
+import torch
+from expecttest import TestCase
+from torch._inductor import config as inductor_config
+
+from draftfuse.passes.softmax_topk import SoftmaxTopkPostGradPass
+from tests._graphs import fx_graph_text
+
+
+class _Recording(SoftmaxTopkPostGradPass):
+    """The pass, keeping the post-grad graph's text before and after it ran."""
+
+    def __call__(self, graph):
+        self.before = fx_graph_text(graph)
+        super().__call__(graph)
+        self.after = fx_graph_text(graph)
+
+
+def compile_with_pass(fn, *args, **options):
+    recording = _Recording(**options)
+    torch._dynamo.reset()
+    with inductor_config.patch(post_grad_custom_pre_pass=recording, fx_graph_cache=False):
+        out = torch.compile(fn, fullgraph=True)(*args)
+    for got, want in zip(torch.utils._pytree.tree_leaves(out), torch.utils._pytree.tree_leaves(fn(*args))):
+        if not want.dtype.is_floating_point:
+            assert torch.equal(got, want), (got, want)
+    return recording
+
+
+class AtenRewrites(TestCase):
+    def test_fp32_topk1_max_argmin_topk4(self):
+        def f(x):
+            p = torch.softmax(x, -1)
+            v, i = p.topk(1)
+            m = p.max(-1)
+            a = p.argmin(-1)
+            w, j = p.topk(4)
+            return v, i, m.values, m.indices, a, w, j
+
+        rec = compile_with_pass(f, torch.randn(4, 64))
+        self.assertEqual(len(rec.last_report.rewrites), 4, str(rec.last_report))
+        self.assertExpectedInline(rec.before, """\
+class GraphModule(torch.nn.Module):
+    def forward(self, arg0_1: "f32[4, 64]"):
+        amax: "f32[4, 1]" = torch.ops.aten.amax.default(arg0_1, [-1], True)
+        sub: "f32[4, 64]" = torch.ops.aten.sub.Tensor(arg0_1, amax);  arg0_1 = amax = None
+        exp: "f32[4, 64]" = torch.ops.aten.exp.default(sub);  sub = None
+        sum_1: "f32[4, 1]" = torch.ops.aten.sum.dim_IntList(exp, [-1], True)
+        div: "f32[4, 64]" = torch.ops.aten.div.Tensor(exp, sum_1);  exp = sum_1 = None
+
+        topk = torch.ops.aten.topk.default(div, 1)
+        getitem: "f32[4, 1]" = topk[0]
+        getitem_1: "i64[4, 1]" = topk[1];  topk = None
+
+        max_1 = torch.ops.aten.max.dim(div, -1)
+        getitem_2: "f32[4]" = max_1[0]
+        getitem_3: "i64[4]" = max_1[1];  max_1 = None
+
+        topk_1 = torch.ops.aten.topk.default(div, 4)
+        getitem_4: "f32[4, 4]" = topk_1[0]
+        getitem_5: "i64[4, 4]" = topk_1[1];  topk_1 = None
+
+        argmin: "i64[4]" = torch.ops.aten.argmin.default(div, -1);  div = None
+        return (getitem, getitem_1, getitem_2, getitem_3, argmin, getitem_4, getitem_5)
+""")
+        self.assertExpectedInline(rec.after, """\
+class GraphModule(torch.nn.Module):
+    def forward(self, arg0_1: "f32[4, 64]"):
+        amax: "f32[4, 1]" = torch.ops.aten.amax.default(arg0_1, [-1], True)
+        sub: "f32[4, 64]" = torch.ops.aten.sub.Tensor(arg0_1, amax);  amax = None
+        exp: "f32[4, 64]" = torch.ops.aten.exp.default(sub)
+        sum_1: "f32[4, 1]" = torch.ops.aten.sum.dim_IntList(exp, [-1], True);  exp = None
+
+        argmax_default: "i64[4, 1]" = torch.ops.aten.argmax.default(arg0_1, 1, True)
+        reciprocal_default: "f32[4, 1]" = torch.ops.aten.reciprocal.default(sum_1)
+
+        argmax_default_1: "i64[4]" = torch.ops.aten.argmax.default(arg0_1, 1, False)
+        reciprocal_default_1: "f32[4, 1]" = torch.ops.aten.reciprocal.default(sum_1)
+        squeeze_dim: "f32[4]" = torch.ops.aten.squeeze.dim(reciprocal_default_1, 1);  reciprocal_default_1 = None
+
+        topk_default = torch.ops.aten.topk.default(arg0_1, 4, 1, True, True)
+        getitem_6: "i64[4, 4]" = topk_default[1];  topk_default = None
+        gather_default: "f32[4, 4]" = torch.ops.aten.gather.default(sub, 1, getitem_6);  sub = None
+        exp_default: "f32[4, 4]" = torch.ops.aten.exp.default(gather_default);  gather_default = None
+        div_tensor: "f32[4, 4]" = torch.ops.aten.div.Tensor(exp_default, sum_1);  exp_default = sum_1 = None
+
+        argmin_default: "i64[4]" = torch.ops.aten.argmin.default(arg0_1, 1, False);  arg0_1 = None
+        return (reciprocal_default, argmax_default, squeeze_dim, argmax_default_1, argmin_default, div_tensor, getitem_6)
+""")
+
+    def test_bf16_temperature_and_log_softmax(self):
+        def f(x):
+            t = torch.softmax(x.float() / 0.7, -1).topk(1)
+            lp, tok = torch.log_softmax(x, -1).max(-1)
+            return t.values, t.indices, lp, tok
+
+        rec = compile_with_pass(f, torch.randn(4, 64, dtype=torch.bfloat16))
+        self.assertEqual(len(rec.last_report.rewrites), 2, str(rec.last_report))
+        self.assertExpectedInline(rec.before, """\
+class GraphModule(torch.nn.Module):
+    def forward(self, arg0_1: "bf16[4, 64]"):
+        convert_element_type: "f32[4, 64]" = torch.ops.prims.convert_element_type.default(arg0_1, torch.float32)
+
+        div_tensor: "f32[4, 64]" = torch.ops.aten.div.Tensor(convert_element_type, 0.7)
+        eq_tensor: "b8[4, 64]" = torch.ops.aten.eq.Tensor(div_tensor, div_tensor)
+        abs_default: "f32[4, 64]" = torch.ops.aten.abs.default(div_tensor)
+        ne_scalar: "b8[4, 64]" = torch.ops.aten.ne.Scalar(abs_default, inf);  abs_default = None
+        mul_tensor_1: "b8[4, 64]" = torch.ops.aten.mul.Tensor(eq_tensor, ne_scalar);  eq_tensor = ne_scalar = None
+        logical_not_default: "b8[4, 64]" = torch.ops.aten.logical_not.default(mul_tensor_1);  mul_tensor_1 = None
+        any_dims: "b8[4, 1]" = torch.ops.aten.any.dims(logical_not_default, [-1], True);  logical_not_default = None
+        logical_not_default_1: "b8[4, 1]" = torch.ops.aten.logical_not.default(any_dims);  any_dims = None
+        mul_tensor: "f32[4, 64]" = torch.ops.aten.mul.Tensor(convert_element_type, 1);  convert_element_type = None
+        amax_default: "f32[4, 1]" = torch.ops.aten.amax.default(mul_tensor, [-1], True)
+        sub_tensor: "f32[4, 64]" = torch.ops.aten.sub.Tensor(mul_tensor, amax_default);  mul_tensor = amax_default = None
+        div_tensor_1: "f32[4, 64]" = torch.ops.aten.div.Tensor(sub_tensor, 0.7);  sub_tensor = None
+        amax_default_1: "f32[4, 1]" = torch.ops.aten.amax.default(div_tensor, [-1], True)
+        sub_tensor_1: "f32[4, 64]" = torch.ops.aten.sub.Tensor(div_tensor, amax_default_1);  div_tensor = amax_default_1 = None
+
+        where_self: "f32[4, 64]" = torch.ops.aten.where.self(logical_not_default_1, div_tensor_1, sub_tensor_1);  logical_not_default_1 = div_tensor_1 = sub_tensor_1 = None
+        exp: "f32[4, 64]" = torch.ops.aten.exp.default(where_self);  where_self = None
+        sum_1: "f32[4, 1]" = torch.ops.aten.sum.dim_IntList(exp, [-1], True)
+        div_1: "f32[4, 64]" = torch.ops.aten.div.Tensor(exp, sum_1);  exp = sum_1 = None
+        topk = torch.ops.aten.topk.default(div_1, 1);  div_1 = None
+        getitem: "f32[4, 1]" = topk[0]
+        getitem_1: "i64[4, 1]" = topk[1];  topk = None
+
+        convert_element_type_1: "f32[4, 64]" = torch.ops.prims.convert_element_type.default(arg0_1, torch.float32);  arg0_1 = None
+        amax_1: "f32[4, 1]" = torch.ops.aten.amax.default(convert_element_type_1, [-1], True)
+        sub_1: "f32[4, 64]" = torch.ops.aten.sub.Tensor(convert_element_type_1, amax_1);  convert_element_type_1 = amax_1 = None
+        exp_1: "f32[4, 64]" = torch.ops.aten.exp.default(sub_1)
+        sum_2: "f32[4, 1]" = torch.ops.aten.sum.dim_IntList(exp_1, [-1], True);  exp_1 = None
+        log: "f32[4, 1]" = torch.ops.aten.log.default(sum_2);  sum_2 = None
+        sub_2: "f32[4, 64]" = torch.ops.aten.sub.Tensor(sub_1, log);  sub_1 = log = None
+        convert_element_type_2: "bf16[4, 64]" = torch.ops.prims.convert_element_type.default(sub_2, torch.bfloat16);  sub_2 = None
+        max_1 = torch.ops.aten.max.dim(convert_element_type_2, -1);  convert_element_type_2 = None
+        getitem_2: "bf16[4]" = max_1[0]
+        getitem_3: "i64[4]" = max_1[1];  max_1 = None
+        return (getitem, getitem_1, getitem_2, getitem_3)
+""")
+        self.assertExpectedInline(rec.after, """\
+class GraphModule(torch.nn.Module):
+    def forward(self, arg0_1: "bf16[4, 64]"):
+        convert_element_type: "f32[4, 64]" = torch.ops.prims.convert_element_type.default(arg0_1, torch.float32)
+
+        div_tensor: "f32[4, 64]" = torch.ops.aten.div.Tensor(convert_element_type, 0.7)
+        eq_tensor: "b8[4, 64]" = torch.ops.aten.eq.Tensor(div_tensor, div_tensor)
+        abs_default: "f32[4, 64]" = torch.ops.aten.abs.default(div_tensor)
+        ne_scalar: "b8[4, 64]" = torch.ops.aten.ne.Scalar(abs_default, inf);  abs_default = None
+        mul_tensor_1: "b8[4, 64]" = torch.ops.aten.mul.Tensor(eq_tensor, ne_scalar);  eq_tensor = ne_scalar = None
+        logical_not_default: "b8[4, 64]" = torch.ops.aten.logical_not.default(mul_tensor_1);  mul_tensor_1 = None
+        any_dims: "b8[4, 1]" = torch.ops.aten.any.dims(logical_not_default, [-1], True);  logical_not_default = None
+        logical_not_default_1: "b8[4, 1]" = torch.ops.aten.logical_not.default(any_dims);  any_dims = None
+        mul_tensor: "f32[4, 64]" = torch.ops.aten.mul.Tensor(convert_element_type, 1);  convert_element_type = None
+        amax_default: "f32[4, 1]" = torch.ops.aten.amax.default(mul_tensor, [-1], True)
+        sub_tensor: "f32[4, 64]" = torch.ops.aten.sub.Tensor(mul_tensor, amax_default);  mul_tensor = amax_default = None
+        div_tensor_1: "f32[4, 64]" = torch.ops.aten.div.Tensor(sub_tensor, 0.7);  sub_tensor = None
+        amax_default_1: "f32[4, 1]" = torch.ops.aten.amax.default(div_tensor, [-1], True)
+        sub_tensor_1: "f32[4, 64]" = torch.ops.aten.sub.Tensor(div_tensor, amax_default_1);  div_tensor = amax_default_1 = None
+
+        where_self: "f32[4, 64]" = torch.ops.aten.where.self(logical_not_default_1, div_tensor_1, sub_tensor_1);  logical_not_default_1 = div_tensor_1 = sub_tensor_1 = None
+        exp: "f32[4, 64]" = torch.ops.aten.exp.default(where_self);  where_self = None
+        sum_1: "f32[4, 1]" = torch.ops.aten.sum.dim_IntList(exp, [-1], True);  exp = None
+        argmax_default: "i64[4, 1]" = torch.ops.aten.argmax.default(arg0_1, 1, True)
+        reciprocal_default: "f32[4, 1]" = torch.ops.aten.reciprocal.default(sum_1);  sum_1 = None
+
+        convert_element_type_1: "f32[4, 64]" = torch.ops.prims.convert_element_type.default(arg0_1, torch.float32)
+        amax_1: "f32[4, 1]" = torch.ops.aten.amax.default(convert_element_type_1, [-1], True)
+        sub_1: "f32[4, 64]" = torch.ops.aten.sub.Tensor(convert_element_type_1, amax_1);  convert_element_type_1 = amax_1 = None
+        exp_1: "f32[4, 64]" = torch.ops.aten.exp.default(sub_1);  sub_1 = None
+        sum_2: "f32[4, 1]" = torch.ops.aten.sum.dim_IntList(exp_1, [-1], True);  exp_1 = None
+        log: "f32[4, 1]" = torch.ops.aten.log.default(sum_2);  sum_2 = None
+        argmax_default_1: "i64[4]" = torch.ops.aten.argmax.default(arg0_1, 1, False);  arg0_1 = None
+        neg_default: "f32[4, 1]" = torch.ops.aten.neg.default(log);  log = None
+        squeeze_dim: "f32[4]" = torch.ops.aten.squeeze.dim(neg_default, 1);  neg_default = None
+        convert_element_type_default: "bf16[4]" = torch.ops.prims.convert_element_type.default(squeeze_dim, torch.bfloat16);  squeeze_dim = None
+        return (reciprocal_default, argmax_default, convert_element_type_default, argmax_default_1)
+""")
+
+    def test_probs_ones_and_softmax_kept(self):
+        def f(x):
+            p = torch.softmax(x, -1)
+            return p, p.topk(1)
+
+        rec = compile_with_pass(f, torch.randn(4, 64), probs="ones")
+        self.assertExpectedInline(rec.after, """\
+class GraphModule(torch.nn.Module):
+    def forward(self, arg0_1: "f32[4, 64]"):
+        amax: "f32[4, 1]" = torch.ops.aten.amax.default(arg0_1, [-1], True)
+        sub: "f32[4, 64]" = torch.ops.aten.sub.Tensor(arg0_1, amax);  amax = None
+        exp: "f32[4, 64]" = torch.ops.aten.exp.default(sub);  sub = None
+        sum_1: "f32[4, 1]" = torch.ops.aten.sum.dim_IntList(exp, [-1], True)
+        div: "f32[4, 64]" = torch.ops.aten.div.Tensor(exp, sum_1);  exp = sum_1 = None
+
+        argmax_default: "i64[4, 1]" = torch.ops.aten.argmax.default(arg0_1, 1, True);  arg0_1 = None
+        full_default: "f32[4, 1]" = torch.ops.aten.full.default([4, 1], 1.0, dtype = torch.float32, layout = torch.strided, device = device(type='cpu'), pin_memory = False)
+        return (div, full_default, argmax_default)
+""")
+
+
+class AtenRefusals(TestCase):
+    def test_dims_differ_and_tensor_temperature(self):
+        def f(x, t):
+            a = torch.softmax(x, 0).argmax(1)
+            b = torch.softmax(x / t, -1).argmax(-1)
+            return a, b
+
+        rec = compile_with_pass(f, torch.randn(4, 64), torch.tensor(0.5))
+        reasons = sorted(r.reason for r in rec.last_report.refusals)
+        self.assertEqual(len(rec.last_report.rewrites), 0)
+        self.assertEqual(len(reasons), 2, str(rec.last_report))
+        self.assertIn("softmax over dim 0 but selection over dim 1", reasons[0])
+        self.assertIn("sign is not known", reasons[1])
+        self.assertEqual(rec.before, rec.after)
+        self.assertExpectedInline(rec.before, """\
+class GraphModule(torch.nn.Module):
+    def forward(self, arg0_1: "f32[4, 64]", arg1_1: "f32[]"):
+        amax: "f32[1, 64]" = torch.ops.aten.amax.default(arg0_1, [0], True)
+        sub: "f32[4, 64]" = torch.ops.aten.sub.Tensor(arg0_1, amax);  amax = None
+        exp: "f32[4, 64]" = torch.ops.aten.exp.default(sub);  sub = None
+        sum_1: "f32[1, 64]" = torch.ops.aten.sum.dim_IntList(exp, [0], True)
+        div: "f32[4, 64]" = torch.ops.aten.div.Tensor(exp, sum_1);  exp = sum_1 = None
+        argmax: "i64[4]" = torch.ops.aten.argmax.default(div, 1);  div = None
+
+        div_tensor: "f32[4, 64]" = torch.ops.aten.div.Tensor(arg0_1, arg1_1)
+        eq_tensor: "b8[4, 64]" = torch.ops.aten.eq.Tensor(div_tensor, div_tensor)
+        abs_default: "f32[4, 64]" = torch.ops.aten.abs.default(div_tensor)
+        ne_scalar: "b8[4, 64]" = torch.ops.aten.ne.Scalar(abs_default, inf);  abs_default = None
+        mul_tensor_2: "b8[4, 64]" = torch.ops.aten.mul.Tensor(eq_tensor, ne_scalar);  eq_tensor = ne_scalar = None
+        logical_not_default: "b8[4, 64]" = torch.ops.aten.logical_not.default(mul_tensor_2);  mul_tensor_2 = None
+        any_dims: "b8[4, 1]" = torch.ops.aten.any.dims(logical_not_default, [-1], True);  logical_not_default = None
+        logical_not_default_1: "b8[4, 1]" = torch.ops.aten.logical_not.default(any_dims);  any_dims = None
+        ge_scalar: "b8[]" = torch.ops.aten.ge.Scalar(arg1_1, 0)
+        scalar_tensor_default: "f32[]" = torch.ops.aten.scalar_tensor.default(1, dtype = torch.float32, device = device(type='cpu'), pin_memory = False)
+        neg_default: "f32[]" = torch.ops.aten.neg.default(scalar_tensor_default)
+        where_self: "f32[]" = torch.ops.aten.where.self(ge_scalar, scalar_tensor_default, neg_default);  ge_scalar = scalar_tensor_default = neg_default = None
+        mul_tensor: "f32[4, 64]" = torch.ops.aten.mul.Tensor(arg0_1, where_self);  arg0_1 = None
+        amax_default: "f32[4, 1]" = torch.ops.aten.amax.default(mul_tensor, [-1], True)
+        sub_tensor: "f32[4, 64]" = torch.ops.aten.sub.Tensor(mul_tensor, amax_default);  mul_tensor = amax_default = None
+        mul_tensor_1: "f32[]" = torch.ops.aten.mul.Tensor(where_self, arg1_1);  where_self = arg1_1 = None
+        div_tensor_1: "f32[4, 64]" = torch.ops.aten.div.Tensor(sub_tensor, mul_tensor_1);  sub_tensor = mul_tensor_1 = None
+        amax_default_1: "f32[4, 1]" = torch.ops.aten.amax.default(div_tensor, [-1], True)
+        sub_tensor_1: "f32[4, 64]" = torch.ops.aten.sub.Tensor(div_tensor, amax_default_1);  div_tensor = amax_default_1 = None
+
+        where_self_1: "f32[4, 64]" = torch.ops.aten.where.self(logical_not_default_1, div_tensor_1, sub_tensor_1);  logical_not_default_1 = div_tensor_1 = sub_tensor_1 = None
+        exp_1: "f32[4, 64]" = torch.ops.aten.exp.default(where_self_1);  where_self_1 = None
+        sum_2: "f32[4, 1]" = torch.ops.aten.sum.dim_IntList(exp_1, [-1], True)
+        div_2: "f32[4, 64]" = torch.ops.aten.div.Tensor(exp_1, sum_2);  exp_1 = sum_2 = None
+        argmax_1: "i64[4]" = torch.ops.aten.argmax.default(div_2, -1);  div_2 = None
+        return (argmax, argmax_1)
+""")
