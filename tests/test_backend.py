@@ -1,0 +1,174 @@
+"""The `draftfuse` backend: mode and options reach Inductor, passes run, registration, logging.
+
+Most tests replace `compile_fx` with a spy that records what it was given and runs the graph as is,
+so they cost a Dynamo trace, not an Inductor compile.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+import torch._dynamo
+from torch._inductor.custom_graph_pass import CustomGraphPass
+from torch._inductor.utils import run_and_get_code
+
+from draftfuse.passes.softmax_topk import SoftmaxTopkPostGradPass
+from draftfuse.runtime import backend
+
+
+def _pick(x):
+    return torch.softmax(x, dim=-1).topk(1, dim=-1)[1]
+
+
+@pytest.fixture(autouse=True)
+def _fresh_dynamo():
+    torch._dynamo.reset()
+    yield
+    torch._dynamo.reset()
+
+
+@pytest.fixture
+def inductor_calls(monkeypatch):
+    """The (graph, config_patches) of each compile_fx call; compile_fx itself is not run."""
+    calls = []
+
+    def spy(gm, example_inputs, config_patches=None):
+        calls.append((gm, config_patches))
+        return gm.forward
+
+    monkeypatch.setattr(backend, "compile_fx", spy)
+    return calls
+
+
+def test_mode_reaches_inductor(inductor_calls):
+    x = torch.randn(4, 16)
+    out = torch.compile(_pick, backend="draftfuse", mode="reduce-overhead", fullgraph=True)(x)
+    assert torch.equal(out, _pick(x))
+    (gm, patches), = inductor_calls
+    assert patches["triton.cudagraphs"] is True  # what list_mode_options("reduce-overhead") sets
+    post_grad = patches["post_grad_custom_pre_pass"]
+    assert isinstance(post_grad, SoftmaxTopkPostGradPass) and post_grad.probs == "exact"
+    # the Dynamo-level rewrite ran before Inductor: no softmax, no topk left
+    assert "topk" not in gm.code and "softmax" not in gm.code and "argmax" in gm.code
+    record = backend.compile_records[-1]
+    assert record.config_patches is patches
+    assert [r.pass_name for r in record.reports][-1] == "softmax_topk" and record.reports[-1].rewrites
+
+
+def test_options_split_between_draftfuse_and_inductor(inductor_calls):
+    options = {"probs": "ones", "triton.cudagraphs": True, "coordinate-descent-tuning": True}
+    torch.compile(_pick, backend="draftfuse", options=options, fullgraph=True)(torch.randn(4, 16))
+    (_, patches), = inductor_calls
+    assert patches["triton.cudagraphs"] is True and patches["coordinate_descent_tuning"] is True
+    assert "probs" not in patches and patches["post_grad_custom_pre_pass"].probs == "ones"
+    assert backend.compile_records[-1].draft_options["probs"] == "ones"
+
+
+def test_softmax_topk_off_leaves_the_graph(inductor_calls):
+    torch.compile(_pick, backend="draftfuse", options={"softmax_topk": False}, fullgraph=True)(torch.randn(4, 16))
+    (gm, patches), = inductor_calls
+    assert "topk" in gm.code and "post_grad_custom_pre_pass" not in patches
+
+
+def test_bad_options_raise():
+    with pytest.raises(ValueError, match="unknown option 'prob'.*Inductor config name"):
+        backend.split_options({"prob": "ones"})
+    with pytest.raises(ValueError, match="'probs' must be one of"):
+        backend.split_options({"probs": "one"})
+    with pytest.raises(ValueError, match="'seed_fold' must be True or False"):
+        backend.split_options({"seed_fold": "no"})
+    draft_options, inductor_options = backend.split_options({"lowering": "kernels", "max-autotune": True})
+    assert draft_options["lowering"] == "kernels" and inductor_options == {"max_autotune": True}
+
+
+def test_rewritten_graph_keeps_dynamo_metadata(inductor_calls):
+    # AOT autograd reads which inputs are static (parameters, marked KV caches) from Dynamo's
+    # metadata; a pass's new GraphModule must still carry it.
+    linear = torch.nn.Linear(16, 16)
+
+    def pick_after_linear(x):
+        return _pick(linear(x))
+
+    torch.compile(pick_after_linear, backend="draftfuse", fullgraph=True)(torch.randn(4, 16))
+    (gm, _), = inductor_calls
+    assert "topk" not in gm.code  # a pass did replace the graph module
+    assert len(gm._param_name_to_source) == 2  # linear.weight and linear.bias
+    sources = [node._dynamo_source.name for node in gm.graph.find_nodes(op="placeholder")]
+    assert len(sources) == 3 and all(sources)
+
+
+class _CountingPass(CustomGraphPass):
+    def __init__(self) -> None:
+        self.calls = 0
+
+    def __call__(self, graph: torch.fx.Graph) -> None:
+        self.calls += 1
+
+    def uuid(self):
+        return "counting-pass"
+
+
+def test_user_post_grad_pass_is_chained_with_ours():
+    user_pass = _CountingPass()
+    x = torch.randn(4, 16)
+    options = {"post_grad_custom_pre_pass": user_pass, "fx_graph_cache": False}  # no cache: passes must run
+    out = torch.compile(_pick, backend="draftfuse", options=options, fullgraph=True)(x)
+    assert torch.equal(out, _pick(x))
+    record = backend.compile_records[-1]
+    chained = record.config_patches["post_grad_custom_pre_pass"]
+    assert user_pass.calls == 1 and record.post_grad_report is not None
+    assert chained.uuid() == ("counting-pass", record.post_grad_pass.uuid())
+    assert backend._PostGradPasses(lambda graph: None, record.post_grad_pass).uuid() is None  # no uuid: no cache
+
+
+def test_generated_code_has_no_topk():
+    x = torch.randn(8, 128)
+    out, code = run_and_get_code(torch.compile(_pick, backend="draftfuse", fullgraph=True), x)
+    assert torch.equal(out, _pick(x))
+    assert "topk" not in "\n".join(code)
+
+
+def test_registration_is_idempotent():
+    from torch._dynamo.backends.registry import lookup_backend
+
+    backend._register()  # a second registration attempt must not trip torch's duplicate-name assert
+    assert lookup_backend("draftfuse") is backend.draftfuse_backend
+    assert "draftfuse" in torch._dynamo.list_backends()
+
+
+_PICK_SCRIPT = """
+import sys, torch
+def pick(x):
+    return torch.softmax(x, dim=-1).topk(1, dim=-1)[1]
+x = torch.randn(4, 16)
+imported_before = "draftfuse" in sys.modules
+out = torch.compile(pick, backend="draftfuse")(x)
+print("imported before:", imported_before, "after:", "draftfuse" in sys.modules, "equal:", torch.equal(out, pick(x)))
+"""
+
+
+def _run_pick_script(env: dict[str, str]) -> subprocess.CompletedProcess:
+    done = subprocess.run([sys.executable, "-c", _PICK_SCRIPT], env=env, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr
+    return done
+
+
+@pytest.mark.slow  # a fresh interpreter imports torch and compiles: about 12 s of CPU
+def test_backend_by_name_in_a_fresh_interpreter():
+    # The torch_dynamo_backends entry point makes the name work without `import draftfuse`.
+    done = _run_pick_script({key: value for key, value in os.environ.items() if key != "TORCH_LOGS"})
+    assert "imported before: False after: True equal: True" in done.stdout
+
+
+@pytest.mark.slow
+def test_torch_logs_draftfuse_shows_graphs_and_reports():
+    # torch accepts importable module names as log names (and imports the package to find them).
+    done = _run_pick_script({**os.environ, "TORCH_LOGS": "draftfuse"})
+    assert "equal: True" in done.stdout
+    assert "draftfuse: Dynamo graph" in done.stderr  # the backend's logger
+    assert "[softmax_topk] 1 rewrite(s)" in done.stderr  # a pass report
+    assert "draftfuse: graph handed to Inductor" in done.stderr

@@ -1,0 +1,184 @@
+"""Every way a draft can fail to be one captured region raises a DraftCaptureError at the right line.
+
+Each offending statement carries a `# <- name` marker; `_line(name)` finds its line, so the tests
+assert the exact file:line the error names. Most causes are found while tracing, before Inductor
+runs, so these tests cost a Dynamo trace each; the ones that need a first compile use tiny functions.
+"""
+
+from __future__ import annotations
+
+import os
+import pathlib
+
+import pytest
+import torch
+import torch._dynamo
+
+import draftfuse.runtime.capture as capture
+from draftfuse.runtime.draft_loop import draft_loop
+from draftfuse.runtime.errors import (
+    CudagraphSkipError,
+    DraftCaptureError,
+    GraphBreakError,
+    HostSyncError,
+    RecompileError,
+)
+
+THIS_FILE = pathlib.Path(__file__).resolve()
+
+
+def _line(marker: str) -> str:
+    """file:line of the statement marked `# <- marker` in this file."""
+    for number, text in enumerate(THIS_FILE.read_text().splitlines(), start=1):
+        if text.rstrip().endswith(f"# <- {marker}"):
+            return f"{THIS_FILE}:{number}"
+    raise AssertionError(f"no line marked {marker!r}")
+
+
+@pytest.fixture(autouse=True)
+def _fresh_dynamo():
+    torch._dynamo.reset()
+    yield
+    torch._dynamo.reset()
+
+
+def _raises(error_type: type[DraftCaptureError], draft, *args, **kwargs) -> DraftCaptureError:
+    with pytest.raises(error_type) as info:
+        draft(*args, **kwargs)
+    return info.value
+
+
+# ---- graph breaks ----------------------------------------------------------------------------------
+
+
+def _branch_on_value(x):
+    if x.sum() > 0:  # <- branch
+        return x + 1
+    return x - 1
+
+
+def _untraceable_call(x):
+    os.getpid()  # <- untraceable
+    return x + 1
+
+
+def test_branch_on_tensor_value_is_a_graph_break():
+    error = _raises(GraphBreakError, draft_loop(_branch_on_value), torch.randn(4))
+    assert error.where == _line("branch")
+    assert "graph break" in error.cause and error.fix
+
+
+def test_untraceable_call_is_a_graph_break():
+    error = _raises(GraphBreakError, draft_loop(_untraceable_call), torch.randn(4))
+    assert error.where == _line("untraceable")
+    assert str(error).startswith(f"{_line('untraceable')}: graph break")
+
+
+# ---- host syncs ------------------------------------------------------------------------------------
+
+
+def _item(x):
+    scale = x.sum().item()  # <- item
+    return x * scale
+
+
+def _tolist(x):
+    values = x.tolist()  # <- tolist
+    return x * values[0]
+
+
+def _to_cpu(x):
+    return x.cpu() * 2  # <- cpu
+
+
+def _nonzero(x):
+    return torch.nonzero(x > 0)  # <- nonzero
+
+
+@pytest.mark.parametrize("fn, marker", [(_item, "item"), (_tolist, "tolist"), (_to_cpu, "cpu"), (_nonzero, "nonzero")])
+def test_host_sync_names_its_line(fn, marker):
+    # torch 2.13 traces .item(), .cpu() and nonzero into the graph (found by the graph scan) and
+    # breaks on a float .tolist() (found in Dynamo's error): both are HostSyncErrors.
+    error = _raises(HostSyncError, draft_loop(fn), torch.randn(4))
+    assert error.where == _line(marker)
+    assert "host" in error.cause
+
+
+# ---- CUDA-graph skips ------------------------------------------------------------------------------
+
+
+def _mixed_devices(x, y):
+    return x * 2, y + 1  # <- mixed devices
+
+
+def test_cpu_tensor_input_on_an_accelerator_draft():
+    # "meta" stands in for a GPU: the check compares devices only (the CUDA test uses a real one).
+    error = _raises(CudagraphSkipError, draft_loop(_mixed_devices), torch.randn(4, device="meta"), torch.randn(4))
+    assert error.where == _line("mixed devices")
+    assert "'y' is a CPU tensor" in error.cause
+
+
+def _write_cache(x, cache, position):
+    cache.index_copy_(0, position, x)  # <- cache write
+    return cache.sum(0)
+
+
+def test_cache_swapped_between_calls_names_the_argument():
+    draft = draft_loop(_write_cache)
+    x, position = torch.randn(1, 4), torch.tensor([1])
+    cache = torch.zeros(3, 4)
+    draft(x, cache, position)
+    assert torch.equal(cache[1], x[0])
+    assert cache._dynamo_static_input_type == "unguarded"  # made static for CUDA graphs
+    draft(x, cache, position)  # same tensor: fine
+    error = _raises(CudagraphSkipError, draft, x, torch.zeros(3, 4), position)
+    assert error.where == _line("cache write")
+    assert "'cache' is written in place" in error.cause
+
+
+def _scaled(x):
+    return x * 2  # <- first use
+
+
+def test_dynamic_shape_raises_unless_asked_for():
+    draft = draft_loop(_scaled, dynamic=None)  # None: torch makes a size dynamic once it changes
+    draft(torch.randn(2, 4))
+    error = _raises(CudagraphSkipError, draft, torch.randn(3, 4))
+    assert error.where == _line("first use")
+    assert "dynamic shape" in error.cause and "'x'" in error.cause
+
+
+def test_inductor_skip_message_is_translated():
+    message = 'skipping cudagraphs due to mutated inputs (1 instances). Found from : \n   File "/w/d.py", line 12, in f\n    c.add_(1)'
+    error = capture.capture_error(RuntimeError(message))
+    assert isinstance(error, CudagraphSkipError)
+    assert error.where == "/w/d.py:12" and "mutated inputs (1 instances)" in error.cause
+    assert capture.capture_error(RuntimeError("unrelated")) is None
+
+
+# ---- recompiles ------------------------------------------------------------------------------------
+
+
+def _steps(x, steps: int):
+    for _ in range(steps):
+        x = x * 2
+    return x
+
+
+def test_recompile_past_the_limit_says_what_changed():
+    draft = draft_loop(_steps, max_compiles=1)
+    draft(torch.randn(4), 1)
+    draft(torch.randn(4), 1)
+    with pytest.raises(RecompileError) as info:
+        draft(torch.randn(4), 2)  # <- recompile
+    assert info.value.where == _line("recompile")
+    assert "steps: 1 -> 2" in info.value.cause
+
+
+def test_torch_recompile_limit_is_a_recompile_error():
+    draft = draft_loop(_steps, max_compiles=100)
+    with torch._dynamo.config.patch(recompile_limit=1):
+        draft(torch.randn(4), 1)
+        with pytest.raises(RecompileError) as info:
+            draft(torch.randn(4), 2)  # <- torch limit
+    assert info.value.where == _line("torch limit")

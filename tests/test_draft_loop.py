@@ -1,0 +1,131 @@
+"""`@draft_loop` on the CPU: one Dynamo graph per draft, eager results, methods, outputs, profiling.
+
+A full compile of the tiny draft costs seconds, so one module-scoped compile of the function draft
+serves the tests that only read what it did; the method test compiles a one-step draft of its own.
+"""
+
+from __future__ import annotations
+
+import warnings
+
+import pytest
+import torch
+import torch._dynamo
+from torch._dynamo.utils import counters
+
+from tests._tiny_draft import draft, make_inputs
+from draftfuse.runtime.draft_loop import DraftLoop, draft_loop
+
+
+@pytest.fixture(scope="module")
+def compiled_draft():
+    """The tiny draft (seed + 3 steps) compiled by @draft_loop, called twice, with what it left behind."""
+    torch._dynamo.reset()
+    counters.clear()
+    model, tokens, hidden, kv_cache, position = make_inputs()
+    eager_cache = kv_cache.clone()
+    compiled = draft_loop(draft)
+    with torch.no_grad(), warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        eager = draft(model, tokens, hidden, eager_cache, position)
+        first = compiled(model, tokens, hidden, kv_cache, position)
+        cache_after_first = kv_cache.clone()
+        with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as profile:
+            second = compiled(model, tokens, hidden, kv_cache, position)
+    stats = {"graphs": counters["stats"]["unique_graphs"], "breaks": sum(counters["graph_break"].values())}
+    yield dict(
+        compiled=compiled, eager=eager, first=first, second=second, kv_cache=kv_cache,
+        cache_after_first=cache_after_first, eager_cache=eager_cache,
+        stats=stats, profile=profile, warnings=[str(w.message) for w in caught],
+    )
+    torch._dynamo.reset()
+
+
+def test_results_equal_eager_fp32(compiled_draft):
+    eager_tokens, eager_probs = compiled_draft["eager"]
+    tokens, probs = compiled_draft["first"]
+    assert tokens.shape == (2, 4)  # seed + 3 steps
+    assert torch.equal(tokens, eager_tokens)
+    torch.testing.assert_close(probs, eager_probs, rtol=0, atol=1e-6)
+    # the KV cache written in place inside the draft holds what eager wrote
+    torch.testing.assert_close(compiled_draft["cache_after_first"], compiled_draft["eager_cache"], rtol=0, atol=1e-6)
+
+
+def test_one_dynamo_graph_no_graph_break(compiled_draft):
+    assert compiled_draft["stats"] == {"graphs": 1, "breaks": 0}
+    assert len(compiled_draft["compiled"].compiles) == 1  # the second call replayed, no recompile
+    record = compiled_draft["compiled"].compiles[0]
+    rewrites = [r for report in record.reports if report.pass_name == "softmax_topk" for r in report.rewrites]
+    assert len(rewrites) == 4  # the selection of the seed and of each step
+
+
+def test_kv_cache_made_static(compiled_draft):
+    assert compiled_draft["kv_cache"]._dynamo_static_input_type == "unguarded"
+
+
+def test_each_call_is_a_profiler_span(compiled_draft):
+    names = [event.name for event in compiled_draft["profile"].events()]
+    assert names.count("draftfuse.draft:draft") == 1
+
+
+def test_cpu_warns_once(compiled_draft):
+    cpu_warnings = [w for w in compiled_draft["warnings"] if "CUDA graphs need a CUDA device" in w]
+    assert len(cpu_warnings) == 1
+
+
+def test_outputs_are_copies_unless_zero_copy(monkeypatch):
+    # CUDA graph trees return the same output tensors on every replay; stand in for them with a
+    # function that does the same, so the test runs without a GPU and without compiling.
+    static_output = torch.arange(4.0)
+
+    def replay(x, cache):
+        return static_output, cache
+
+    kept = draft_loop(draft)
+    zero_copy = draft_loop(draft, zero_copy_outputs=True)
+    monkeypatch.setattr(kept, "_compiled", replay)
+    monkeypatch.setattr(zero_copy, "_compiled", replay)
+    cache = torch.zeros(3)
+    out, returned_cache = kept(torch.ones(1), cache)
+    assert out is not static_output and torch.equal(out, static_output)
+    assert returned_cache is cache  # an input handed back is not copied
+    assert zero_copy(torch.ones(1), cache)[0] is static_output
+
+
+class _Worker:
+    """A draft worker whose draft is a method reading the model and KV cache from `self`."""
+
+    def __init__(self) -> None:
+        self.model, _, _, self.kv_cache, self.position = make_inputs()
+
+    @draft_loop
+    def draft(self, tokens, hidden):
+        return draft(self.model, tokens, hidden, self.kv_cache, self.position, steps=1)
+
+
+def test_method_binds_self_and_matches_eager():
+    torch._dynamo.reset()
+    worker, other = _Worker(), _Worker()
+    _, tokens, hidden, _, _ = make_inputs()
+    assert isinstance(_Worker.draft, DraftLoop)
+    assert worker.draft is worker.draft  # bound once, kept on the instance
+    assert worker.draft is not other.draft  # one compiled region per instance
+    eager_cache = worker.kv_cache.clone()
+    with torch.no_grad():
+        eager = draft(worker.model, tokens, hidden, eager_cache, worker.position, steps=1)
+        compiled = worker.draft(tokens, hidden)
+    assert torch.equal(compiled[0], eager[0])
+    torch.testing.assert_close(compiled[1], eager[1], rtol=0, atol=1e-6)
+    torch.testing.assert_close(worker.kv_cache, eager_cache, rtol=0, atol=1e-6)
+    assert len(worker.draft.compiles) == 1 and other.draft.compiles == []
+    torch._dynamo.reset()
+
+
+def test_bare_and_with_arguments():
+    bare = draft_loop(draft)
+    configured = draft_loop(mode="default", options={"probs": "ones"}, max_compiles=2)(draft)
+    assert isinstance(bare, DraftLoop) and isinstance(configured, DraftLoop)
+    assert bare.__name__ == "draft" and bare.__wrapped__ is draft
+    assert configured._settings["mode"] == "default"
+    with pytest.raises(ValueError, match="unknown option 'prob'"):
+        draft_loop(options={"prob": "ones"})(draft)  # at decoration, not at the first call

@@ -1,0 +1,108 @@
+"""@draft_loop on a GPU: one CUDA graph replay per draft call, no skips, outputs safe to keep.
+
+CUDA graph trees warm up on the first call, record on the second and replay from the third, so each
+test calls the draft a few times before it measures or compares.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch._dynamo
+from torch._dynamo.utils import counters
+
+from draftfuse.runtime.draft_loop import draft_loop
+from draftfuse.runtime.errors import CudagraphSkipError
+from tests._tiny_draft import BATCH, HIDDEN, VOCAB, draft, make_inputs
+
+pytestmark = pytest.mark.cuda
+
+_WARM_CALLS = 3  # warm-up, record, first replay
+
+
+@pytest.fixture(autouse=True)
+def _fresh_dynamo():
+    torch._dynamo.reset()
+    counters.clear()
+    yield
+    torch._dynamo.reset()
+
+
+def _other_inputs(seed: int):
+    generator = torch.Generator(device="cuda").manual_seed(seed)
+    tokens = torch.randint(0, VOCAB, (BATCH,), device="cuda", generator=generator)
+    hidden = torch.randn(BATCH, HIDDEN, device="cuda", generator=generator)
+    return tokens, hidden
+
+
+def test_one_graph_replay_per_draft_call_and_eager_tokens():
+    model, tokens, hidden, kv_cache, position = make_inputs("cuda")
+    compiled = draft_loop(draft)
+    with torch.no_grad():
+        eager_cache = kv_cache.clone()
+        eager_tokens, _ = draft(model, tokens, hidden, eager_cache, position)
+        first_tokens, _ = compiled(model, tokens, hidden, kv_cache, position)
+        for _ in range(_WARM_CALLS - 1):
+            compiled(model, tokens, hidden, kv_cache, position)
+        torch.cuda.synchronize()
+        activities = [torch.profiler.ProfilerActivity.CPU, torch.profiler.ProfilerActivity.CUDA]
+        with torch.profiler.profile(activities=activities) as profile:
+            for _ in range(5):
+                compiled(model, tokens, hidden, kv_cache, position)
+            torch.cuda.synchronize()
+    assert torch.equal(first_tokens, eager_tokens)
+    names = [event.name for event in profile.events()]
+    assert sum("cudaGraphLaunch" in name for name in names) == 5, sorted(set(names))
+    assert names.count("draftfuse.draft:draft") == 5
+    assert counters["inductor"]["cudagraph_skips"] == 0
+    assert counters["stats"]["unique_graphs"] == 1 and len(compiled.compiles) == 1
+
+
+def test_kv_cache_written_inside_the_draft_without_a_skip():
+    model, tokens, hidden, kv_cache, position = make_inputs("cuda")
+    compiled = draft_loop(draft)
+    for _ in range(_WARM_CALLS):
+        compiled(model, tokens, hidden, kv_cache, position)
+    eager_cache = kv_cache.clone()
+    with torch.no_grad():
+        draft(model, tokens, hidden, eager_cache, position)
+    compiled(model, tokens, hidden, kv_cache, position)  # a replay writes the cache in place
+    torch.testing.assert_close(kv_cache, eager_cache, rtol=0, atol=1e-5)
+    assert kv_cache._dynamo_static_input_type == "unguarded"
+    assert counters["inductor"]["cudagraph_skips"] == 0
+
+
+def test_kept_outputs_are_not_overwritten_by_the_next_call():
+    model, tokens, hidden, kv_cache, position = make_inputs("cuda")
+    compiled = draft_loop(draft)
+    for _ in range(_WARM_CALLS):
+        compiled(model, tokens, hidden, kv_cache, position)
+    tokens_a, hidden_a = _other_inputs(1)
+    tokens_b, hidden_b = _other_inputs(2)
+    with torch.no_grad():
+        expected_a = draft(model, tokens_a, hidden_a, kv_cache.clone(), position)
+    kept = compiled(model, tokens_a, hidden_a, kv_cache, position)
+    later = compiled(model, tokens_b, hidden_b, kv_cache, position)
+    assert not torch.equal(later[1], kept[1])  # the second call did produce something else
+    assert torch.equal(kept[0], expected_a[0])
+    torch.testing.assert_close(kept[1], expected_a[1], rtol=0, atol=1e-5)
+
+
+def test_zero_copy_outputs_are_the_graphs_own():
+    # The documented trade: no copy, and the next call reuses the same memory.
+    model, tokens, hidden, kv_cache, position = make_inputs("cuda")
+    compiled = draft_loop(draft, zero_copy_outputs=True)
+    for _ in range(_WARM_CALLS):
+        compiled(model, tokens, hidden, kv_cache, position)
+    first_address = compiled(model, tokens, hidden, kv_cache, position)[1].data_ptr()
+    second_address = compiled(model, tokens, hidden, kv_cache, position)[1].data_ptr()
+    assert first_address == second_address
+
+
+def _scaled(x, scale):
+    return x * scale
+
+
+def test_cpu_tensor_input_on_a_cuda_draft_raises():
+    with pytest.raises(CudagraphSkipError, match="'scale' is a CPU tensor"):
+        draft_loop(_scaled)(torch.randn(4, device="cuda"), torch.tensor(2.0))
