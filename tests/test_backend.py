@@ -74,6 +74,15 @@ def test_softmax_topk_off_leaves_the_graph(inductor_calls):
     assert "topk" in gm.code and "post_grad_custom_pre_pass" not in patches
 
 
+def test_seed_fold_runs_first_unless_turned_off(inductor_calls):
+    pytest.importorskip("draftfuse.passes.seed_fold")
+    torch.compile(_pick, backend="draftfuse", fullgraph=True)(torch.randn(4, 16))
+    assert [r.pass_name for r in backend.compile_records[-1].reports] == ["seed_fold", "softmax_topk"]
+    torch._dynamo.reset()
+    torch.compile(_pick, backend="draftfuse", options={"seed_fold": False}, fullgraph=True)(torch.randn(4, 16))
+    assert [r.pass_name for r in backend.compile_records[-1].reports] == ["softmax_topk"]
+
+
 def test_bad_options_raise():
     with pytest.raises(ValueError, match="unknown option 'prob'.*Inductor config name"):
         backend.split_options({"prob": "ones"})

@@ -67,7 +67,7 @@ def input_name(placeholder: torch.fx.Node) -> str:
     source = getattr(placeholder, "_dynamo_source", None)
     if source is None:
         return placeholder.name
-    name = source.name() if callable(source.name) else source.name  # a method before torch 2.12
+    name = source.name() if callable(source.name) else source.name  # a method in older torch versions
     return re.sub(r"L\['([^']+)'\]", r"\1", name)
 
 
@@ -277,4 +277,8 @@ def describe_value(value: Any) -> str:
 def last_guard_failure(code: Any) -> str:
     """Dynamo's last recorded guard failure for a code object (why it recompiled), or ""."""
     failures = torch._dynamo.utils.guard_failures.get(code) or []
-    return failures[-1].splitlines()[0] if failures else ""
+    if not failures:
+        return ""
+    # "0/3: steps == 1      # for _ in range(steps):  # file:line" -> "steps == 1"
+    reason = failures[-1].splitlines()[0].split("#")[0]
+    return re.sub(r"^\d+/\d+: ", "", reason).strip()
