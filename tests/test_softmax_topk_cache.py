@@ -1,0 +1,57 @@
+"""The post-grad pass and Inductor's FX graph cache: a stable uuid lets the second compile hit the cache,
+and the cached code is the rewritten one (no topk, no probability tensor)."""
+
+import re
+
+import torch
+from torch._dynamo.utils import counters
+from torch._inductor import config as inductor_config
+from torch._inductor.utils import run_and_get_code
+
+from draftfuse.passes.softmax_topk import SoftmaxTopkPostGradPass
+
+ROWS, VOCAB = 4, 320
+
+
+def greedy_pick(logits):
+    return torch.softmax(logits.float(), dim=-1).topk(1)
+
+
+def _compile_and_code(pass_):
+    torch._dynamo.reset()  # forget Dynamo's compiled frame so Inductor is asked again
+    with inductor_config.patch(post_grad_custom_pre_pass=pass_, fx_graph_cache=True):
+        return run_and_get_code(torch.compile(greedy_pick, fullgraph=True), torch.randn(ROWS, VOCAB))
+
+
+def _assert_rewritten(code: str):
+    assert "topk" not in code
+    # no buffer holding a probability per vocabulary entry: only row reductions are written
+    assert not re.search(rf"empty_strided_cpu\(\({ROWS}, {VOCAB}\)", code), code
+
+
+def test_second_compile_hits_the_cache_and_keeps_the_rewrite(tmp_path, monkeypatch):
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path))
+    counters.clear()
+    _, (first_code,) = _compile_and_code(first := SoftmaxTopkPostGradPass())
+    assert first.last_report is not None and len(first.last_report.rewrites) == 1
+    assert counters["inductor"]["fxgraph_cache_miss"] == 1
+    _assert_rewritten(first_code)
+
+    _, (second_code,) = _compile_and_code(second := SoftmaxTopkPostGradPass())
+    assert counters["inductor"]["fxgraph_cache_hit"] == 1
+    assert second.last_report is None  # a cache hit does not run the pass: the code is the cached one
+    _assert_rewritten(second_code)
+
+
+def test_uuid_covers_every_option():
+    assert SoftmaxTopkPostGradPass().uuid() == SoftmaxTopkPostGradPass().uuid()
+    assert SoftmaxTopkPostGradPass(probs="ones").uuid() != SoftmaxTopkPostGradPass().uuid()
+    assert SoftmaxTopkPostGradPass(lowering="auto").uuid() != SoftmaxTopkPostGradPass().uuid()
+
+
+def test_without_the_pass_the_code_keeps_topk(tmp_path, monkeypatch):
+    """The check above can fail: the unrewritten function's code has topk and the probabilities."""
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path))
+    _, (code,) = _compile_and_code(None)
+    assert "topk" in code
+    assert re.search(rf"empty_strided_cpu\(\({ROWS}, {VOCAB}\)", code)
