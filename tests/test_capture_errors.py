@@ -104,6 +104,18 @@ def test_host_sync_names_its_line(fn, marker):
     assert "host" in error.cause
 
 
+def test_host_read_graph_breaks_of_older_torch_are_host_syncs():
+    # torch 2.11 breaks the graph on .item() and nonzero where 2.13 traces them.
+    item = torch._dynamo.exc.Unsupported("Unsupported Tensor.item() call with capture_scalar_outputs=False")
+    nonzero = torch._dynamo.exc.Unsupported(
+        "Dynamic shape operator\n  Explanation: Operator `aten.nonzero.default`'s output shape depends on input data."
+    )
+    other = torch._dynamo.exc.Unsupported("Failed to trace builtin operator\n  Explanation: print")
+    assert isinstance(capture.capture_error(item), HostSyncError)
+    assert isinstance(capture.capture_error(nonzero), HostSyncError)
+    assert type(capture.capture_error(other)) is GraphBreakError
+
+
 # ---- CUDA-graph skips ------------------------------------------------------------------------------
 
 

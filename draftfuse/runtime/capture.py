@@ -5,8 +5,8 @@ prevents that becomes a `DraftCaptureError` naming the user's file and line, the
 
   * graph breaks: torch.compile(fullgraph=True) raises Dynamo's Unsupported/UserError; translated by
     `capture_error`, with the location from the exception's user stack. Breaks caused by reading a
-    tensor on the host (`.item()`, `.tolist()`, `.numpy()` in torch versions that break on them) are
-    HostSyncErrors.
+    tensor on the host (`.item()`, `.tolist()`, `.numpy()`, `nonzero`, in torch versions that break
+    on them) are HostSyncErrors.
   * host syncs traced INTO the graph (torch 2.13 traces `.item()` and `nonzero` under fullgraph):
     `check_graph` scans the Dynamo graph for `item`, `tolist`, `cpu`, `numpy`, `nonzero`,
     `aten._local_scalar_dense`, and any copy from an accelerator to the CPU.
@@ -217,9 +217,10 @@ def _graph_break_error(exc: BaseException) -> DraftCaptureError:
     lines = [ln.strip() for ln in text.splitlines() if ln.strip()]
     title = getattr(exc, "gb_type", "") or (lines[0] if lines else type(exc).__name__)
     where = _frame_location(exc)
-    if re.search(r"\b(item|tolist|numpy)\b", title):
-        return HostSyncError(f"graph break: {title} reads a device value on the host", where=where, fix=_HOST_SYNC_FIX)
     explanation = next((ln.removeprefix("Explanation:").strip() for ln in lines if ln.startswith("Explanation:")), "")
+    # Older torch versions break on .item() and nonzero instead of tracing them: still host syncs.
+    if re.search(r"\b(item|tolist|numpy|nonzero)\b", f"{title} {explanation}"):
+        return HostSyncError(f"graph break: {title}: reads a device value on the host", where=where, fix=_HOST_SYNC_FIX)
     if "branch" in title.lower():
         fix = "compute both sides and pick with torch.where (or use torch.cond): a draft must not decide on the host"
     else:
