@@ -113,21 +113,21 @@ _SELECTION_DEFAULTS = {"dim": -1, "largest": True, "sorted": True, "keepdim": Fa
 
 _FLOAT_METHOD_CASTS = {"float": torch.float32, "half": torch.float16, "bfloat16": torch.bfloat16, "double": torch.float64}
 
-# Scalings by a constant: (target, position of the tensor, position of the constant, constant -> factor).
+# Multiplications and divisions of a tensor (first argument) by something: what factor they apply.
+# A zero divisor gives NaN, which the legality check refuses like any factor that is not positive.
+def _reciprocal(c: float) -> float:
+    return 1.0 / c if c else float("nan")
+
+
+def _same(c: float) -> float:
+    return c
+
+
 _SCALES: dict[Any, Callable[[float], float]] = {
-    operator.truediv: lambda c: 1.0 / c,
-    torch.div: lambda c: 1.0 / c,
-    torch.true_divide: lambda c: 1.0 / c,
-    "div": lambda c: 1.0 / c,
-    "true_divide": lambda c: 1.0 / c,
-    aten.div.Tensor: lambda c: 1.0 / c,
-    aten.div.Scalar: lambda c: 1.0 / c,
-    operator.mul: lambda c: c,
-    torch.mul: lambda c: c,
-    "mul": lambda c: c,
-    aten.mul.Tensor: lambda c: c,
-    aten.mul.Scalar: lambda c: c,
-}
+    operator.truediv: _reciprocal, torch.div: _reciprocal, torch.true_divide: _reciprocal,
+    "div": _reciprocal, "true_divide": _reciprocal, aten.div.Tensor: _reciprocal, aten.div.Scalar: _reciprocal,
+    operator.mul: _same, torch.mul: _same, "mul": _same, aten.mul.Tensor: _same, aten.mul.Scalar: _same,
+}  # fmt: skip
 _COMMUTATIVE = {operator.mul, torch.mul, aten.mul.Tensor, aten.mul.Scalar}
 
 
@@ -191,18 +191,19 @@ def _is_upcast(src: torch.dtype | None, dst: torch.dtype) -> bool:
 
 
 def _as_scale(node: torch.fx.Node) -> tuple[torch.fx.Node, Any] | None:
-    """(input, factor) if `node` multiplies or divides a tensor by something; factor may be a Node."""
+    """(input, factor) if `node` multiplies or divides a tensor; the factor is a Node when not constant."""
     key = _target_key(node)
     if key not in _SCALES or len(node.args) != 2 or node.kwargs:
-        return None
-    a, b = node.args
-    if isinstance(a, torch.fx.Node) and _val(a) is not None and (not isinstance(b, torch.fx.Node) or key in _SCALES):
-        if isinstance(b, (int, float)) and not isinstance(b, bool):
-            return a, _SCALES[key](float(b))
-        if isinstance(b, torch.fx.Node):
-            return a, b
-    if key in _COMMUTATIVE and isinstance(b, torch.fx.Node) and isinstance(a, (int, float)) and not isinstance(a, bool):
-        return b, float(a)
+        return None  # rounding_mode= and friends are not scalings
+    tensor, other = node.args
+    if key in _COMMUTATIVE and not isinstance(tensor, torch.fx.Node):
+        tensor, other = other, tensor  # 2.0 * x
+    if not isinstance(tensor, torch.fx.Node):
+        return None  # c / x is not a scaling of x
+    if isinstance(other, torch.fx.Node):
+        return tensor, other
+    if isinstance(other, (int, float)) and not isinstance(other, bool):
+        return tensor, _SCALES[key](float(other))
     return None
 
 
