@@ -78,6 +78,9 @@ def demo(device: str = "cpu", batch: int = 1, rounds: int = 50) -> None:
         # The demo's few small C++ kernels compile faster in this process than through Inductor's pool
         # of worker processes, each of which imports torch first: on 2 cores that halves the compile time.
         torch._inductor.config.compile_threads = 1
+        # A batch-1 draft this small gains nothing from splitting ops across threads, and on a busy
+        # machine OpenMP threads waiting for each other make the timings swing tenfold.
+        torch.set_num_threads(1)
     dim, heads, vocab, kv_len = 128, 4, 8192, 128
     torch.manual_seed(0)
     with device:

@@ -59,10 +59,9 @@ def _rope_table(cfg: Config) -> torch.Tensor:
     return torch.stack([angles.cos(), angles.sin()], dim=-1)
 
 
-def _apply_rope(x: torch.Tensor, rope: torch.Tensor) -> torch.Tensor:
-    """Rotate pairs of x [B, T, H, head_dim] by rope [T, head_dim // 2, 2], in float32."""
+def _apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """Rotate pairs of x [B, T, H, head_dim] by the angles whose cos and sin are [T, 1, head_dim // 2]."""
     pairs = x.float().unflatten(-1, (-1, 2))
-    cos, sin = rope[:, None, :, 0], rope[:, None, :, 1]
     rotated = torch.stack(
         [pairs[..., 0] * cos - pairs[..., 1] * sin, pairs[..., 1] * cos + pairs[..., 0] * sin], dim=-1
     )
@@ -87,10 +86,10 @@ class Attention(nn.Module):
     ) -> torch.Tensor:
         """x [B, T, dim]; rope_pos and write_slots [T] (int64); mask [B or 1, 1, T, cache_len] (bool)."""
         batch, length, _ = x.shape
-        rope = self.rope[rope_pos]
-        q = _apply_rope(self.wq(x).view(batch, length, self.n_heads, self.head_dim), rope)
+        cos, sin = self.rope[rope_pos, None].unbind(-1)
+        q = _apply_rope(self.wq(x).view(batch, length, self.n_heads, self.head_dim), cos, sin)
         k, v = self.wkv(x).view(batch, length, 2, self.n_kv_heads, self.head_dim).unbind(2)
-        k = _apply_rope(k, rope)
+        k = _apply_rope(k, cos, sin)
         self.k_cache.index_copy_(2, write_slots, k.transpose(1, 2))
         self.v_cache.index_copy_(2, write_slots, v.transpose(1, 2))
         group = self.n_heads // self.n_kv_heads
