@@ -111,10 +111,12 @@ def demo(device: str = "cpu", batch: int = 1, rounds: int = 50) -> None:
         print(f"and to Inductor's graph after decomposition:\n{record.post_grad_report}")
 
     same = all(torch.equal(tokens["eager"], t) for t in tokens.values())
-    print(f"\ntokens: {'identical' if same else 'DIFFERENT'} in eager, Inductor and draftfuse: {tokens['draftfuse'].tolist()}")
+    verdict = "identical" if same else "DIFFERENT"
+    print(f"\ntokens: {verdict} in eager, Inductor and draftfuse: {tokens['draftfuse'].tolist()}")
     calls = {name: (lambda draft=draft: draft(*inputs)) for name, draft in drafts.items()}
     times = time_side_by_side(calls, device, rounds)
-    print(f"time per draft (median of {rounds}, alternating): " + " | ".join(f"{n} {ms:.3f} ms" for n, ms in times.items()))
+    timings = " | ".join(f"{name} {ms:.3f} ms" for name, ms in times.items())
+    print(f"time per draft (median of {rounds}, alternating): {timings}")
     if device.type == "cuda":
         replays = {name: graph_replays_per_call(calls[name]) for name in ("Inductor", "draftfuse")}
         print("CUDA graph replays per draft: " + " | ".join(f"{n} {r:g}" for n, r in replays.items()))
@@ -144,7 +146,7 @@ def main(argv: list[str] | None = None) -> None:
     demo_parser.add_argument("--device", default="cpu")
     demo_parser.add_argument("--batch", type=int, default=1)
     demo_parser.add_argument("--rounds", type=int, default=50, help="timing rounds (default 50)")
-    explain_parser = commands.add_parser("explain", help="what draftfuse does to a file's draft, and what stops capture")
+    explain_parser = commands.add_parser("explain", help="what draftfuse does to a file's draft; what stops capture")
     explain_parser.add_argument("file", help="a Python file defining explain_target(argv)")
     explain_parser.add_argument("target_args", nargs=argparse.REMAINDER, help="arguments for explain_target")
     args = parser.parse_args(argv)

@@ -37,6 +37,11 @@ from draftfuse.passes.softmax_topk import rewrite_softmax_topk
 from draftfuse.runtime import capture
 from draftfuse.runtime.errors import DraftCaptureError, GraphBreakError, HostSyncError
 
+_NOT_STATIC = (
+    "not static: @draft_loop marks it static for you; with torch.compile alone, CUDA graphs skip the draft "
+    "unless you mark it (torch._dynamo.mark_static_address) or make it a module buffer"
+)
+
 
 @dataclasses.dataclass
 class PassStep:
@@ -85,8 +90,8 @@ class Explanation:
                 lines += ["", f"== pass {step.report.pass_name}", str(step.report)]
                 lines += _diff(step.graph_before, step.graph_after) or ["(graph unchanged)"]
             for written in graph.written_inputs:
-                state = "static, fine" if written.static else "NOT static: mark it with torch._dynamo.mark_static_address"
-                lines.append(f"writes input {written.name!r} in place at {written.where or 'unknown'} ({state})")
+                lines.append(f"writes input {written.name!r} in place at {written.where or 'an unknown line'}")
+                lines.append(f"  {'static: fine' if written.static else _NOT_STATIC}")
         lines += ["", "== what keeps the draft from being one captured region"]
         lines += [f"{type(o).__name__}: {o}" for o in self.obstacles] or ["nothing found"]
         return _relative_paths("\n".join(lines))

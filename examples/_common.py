@@ -16,7 +16,6 @@ from torch import nn
 from draftfuse._measure import graph_replays_per_call, time_side_by_side
 from draftfuse.runtime.draft_loop import draft_loop
 
-
 # Both compiled versions use the mode servers use for draft loops; on a CPU the CUDA graphs are skipped.
 MODE = "reduce-overhead"
 
@@ -111,7 +110,8 @@ def _print_result(label: str, args: argparse.Namespace, result: dict) -> None:
         print(f"  tokens, draftfuse vs eager (fp32, must be exact): {verdict}")
     else:
         eager = "same" if result["tokens_match_eager"] else "different"
-        print(f"  tokens, draftfuse vs torch.compile (bf16 reference: same Inductor rounding): {verdict}; vs eager: {eager}")
+        print(f"  tokens, draftfuse vs torch.compile (the bf16 reference: same Inductor rounding): {verdict}")
+        print(f"  tokens, draftfuse vs eager (bf16, rounded differently, for information): {eager}")
     if result["max_score_diff"]:
         print(f"  scores, largest difference: {result['max_score_diff']:.3g}")
     compiles = " | ".join(f"{name} {s:.1f} s" for name, s in result["first_call_s"].items())

@@ -60,8 +60,9 @@ def _add_arguments(parser: argparse.ArgumentParser) -> None:
 def _inputs(args: argparse.Namespace) -> tuple[DraftModel, torch.Tensor, torch.Tensor]:
     model = build(lambda cfg: DraftModel(cfg, args.batch), args)
     prefix = args.config.cache_len // 2 if args.prefix is None else args.prefix
-    if prefix + args.steps + 1 > args.config.cache_len:
-        raise SystemExit(f"the draft needs {prefix + args.steps + 1} cache slots, the cache has {args.config.cache_len}")
+    needed = prefix + args.steps + 1
+    if needed > args.config.cache_len:
+        raise SystemExit(f"the draft needs {needed} cache slots; the cache has {args.config.cache_len}")
     generator = torch.Generator(args.device).manual_seed(args.seed)
     token = torch.randint(args.config.vocab, (args.batch, 1), device=args.device, generator=generator)
     return model, token, torch.tensor([prefix], device=args.device)
@@ -70,7 +71,8 @@ def _inputs(args: argparse.Namespace) -> tuple[DraftModel, torch.Tensor, torch.T
 def run(argv: list[str] | None = None) -> dict:
     """Check and time the draft as the command line `argv` asks (None: sys.argv); the results as a dict."""
     args = parse_args(__doc__, argv, _add_arguments)
-    return compare(f"draft model (2 layers): seed + {args.steps} steps, topk 1", draft, _inputs(args), {"steps": args.steps}, args)
+    label = f"draft model ({N_LAYERS} layers): seed + {args.steps} steps, topk 1"
+    return compare(label, draft, _inputs(args), {"steps": args.steps}, args)
 
 
 def explain_target(argv: list[str] = ()):

@@ -103,8 +103,9 @@ def _inputs(args: argparse.Namespace) -> tuple[EagleHead, torch.Tensor, torch.Te
     head = build(lambda cfg: EagleHead(cfg, args.batch), args)
     cfg = args.config
     prefix = cfg.cache_len // 2 if args.prefix is None else args.prefix
-    if prefix + 1 + args.steps * args.topk > cfg.cache_len:
-        raise SystemExit(f"the tree needs {prefix + 1 + args.steps * args.topk} cache slots, the cache has {cfg.cache_len}")
+    needed = prefix + 1 + args.steps * args.topk
+    if needed > cfg.cache_len:
+        raise SystemExit(f"the tree needs {needed} cache slots; the cache has {cfg.cache_len}")
     generator = torch.Generator(args.device).manual_seed(args.seed)
     token = torch.randint(cfg.vocab, (args.batch, 1), device=args.device, generator=generator)
     hidden = torch.randn(args.batch, 1, cfg.dim, device=args.device, generator=generator).to(args.dtype)
@@ -116,8 +117,10 @@ def run(argv: list[str] | None = None) -> dict:
     """Check and time the draft as the command line `argv` asks (None: sys.argv); the results as a dict."""
     args = parse_args(__doc__, argv, _add_arguments)
     inputs = _inputs(args)
-    chain = compare(f"eagle head, chain: seed + {args.steps} steps, topk 1", draft_chain, inputs, {"steps": args.steps}, args)
-    tree = compare(f"eagle head, tree: seed + {args.steps} levels, topk {args.topk}", draft_tree, inputs, {"steps": args.steps, "k": args.topk}, args)
+    chain_label = f"eagle head, chain: seed + {args.steps} steps, topk 1"
+    chain = compare(chain_label, draft_chain, inputs, {"steps": args.steps}, args)
+    tree_label = f"eagle head, tree: seed + {args.steps} levels, topk {args.topk}"
+    tree = compare(tree_label, draft_tree, inputs, {"steps": args.steps, "k": args.topk}, args)
     return {"chain": chain, "tree": tree}
 
 
