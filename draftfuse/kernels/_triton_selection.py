@@ -7,8 +7,10 @@ the GPU. A program walks its chunk tile by tile keeping three things:
   - its k best elements as packed int64 keys (order key of the value in the high word, the inverted
     index in the low word), so one integer max picks the larger value and, on ties, the lower index.
 Most tiles only update (m, s): a tile is searched for candidates only when its max beats the k-th key
-kept so far, or when it holds a NaN (its exp-sum is NaN). On real logits that is a handful of tiles
-per row; on adversarial rows (ascending values) it is every tile, which stays correct but is slower.
+kept so far, or when it holds a NaN (its exp-sum is NaN). For k > 1 the programs of a row also share
+that bound through an int64 per row (atomic max): a key below any program's k-th key can't be in the
+row's top k, so each program skips what the others have already beaten. On real logits few tiles are
+searched; on adversarial rows (ascending values) every tile is, which stays correct but is slower.
 Stage 2, one program per row, merges the chunks' (m, s) and keys and writes index and probability.
 
 Order and special values follow torch: NaN is above +inf (torch.argmax and torch.sort put it first),
@@ -25,15 +27,18 @@ import triton.language as tl
 _EMPTY = tl.constexpr(-(2**63))  # below every real packed key
 _NEVER_EVICTED = tl.constexpr(2**63 - 1)  # fills the slots past k in a power-of-two slot array
 _NAN_KEY = tl.constexpr(2**31 - 1)
+_LOG2E = tl.constexpr(1.4426950408889634)
 
-# elements per tile and warps per program, by element size: 16 elements per thread, two 16-byte
-# loads for half types and four for fp32, so enough bytes are in flight with registers to spare.
-_TILE_CONFIG = {2: (2048, 4), 4: (2048, 4)}
-# stage-1 programs aimed for per SM: several resident programs hide the DRAM latency of each.
-_PROGRAMS_PER_SM = 8
-# Stage 2 reads a row's partials in one block of 16 or of _MAX_SPLITS: two sizes keep the compiled
-# variants few (a new power of two would be a new compile), and more splits than this don't pay.
+# Elements per tile and warps per program, by element size. One warp per program: every reduction
+# is a few shuffles, with no shared memory or barrier on the per-tile critical path (four-warp
+# programs spent most of a tile waiting on those). 32 elements per thread: four 16-byte loads per
+# tile for half types, eight for fp32, with the next tile's loads in flight during the reductions.
+_TILE_CONFIG = {2: (1024, 1), 4: (1024, 1)}
+# stage-1 programs aimed for per SM: 16 one-warp programs fit beside each other (registers allow ~24)
+_PROGRAMS_PER_SM = 16
+# At most this many splits, and splits * k <= _MAX_MERGE keys for stage 2's k rounds of max.
 _MAX_SPLITS = 128
+_MAX_MERGE = 512
 
 
 @triton.jit
@@ -48,7 +53,7 @@ def _order_key(x):
 @triton.jit
 def _pack(key, index):
     # the low word holds 2**31 - 1 - index, so among equal keys the lower index packs larger
-    return (key.to(tl.int64) << 32) | (0x7FFFFFFF - index).to(tl.int64)
+    return (key.to(tl.int64) << 32) | tl.cast(0x7FFFFFFF - index, tl.int64)  # index may be a scalar
 
 
 @triton.jit
@@ -60,30 +65,57 @@ def _unpack(packed):
 
 
 @triton.jit
-def _reduce_tile(x, offs, end, row_max, row_sum, top, top_min):
+def _exp2(x, FAST: tl.constexpr):
+    if FAST:
+        # tl.exp2 compiles to the IEEE-subnormal form of ex2.approx, whose fix-ups cost three more
+        # instructions per element; flushing results under 2**-126 can't move a sum that is >= 1.
+        y = tl.inline_asm_elementwise(
+            "ex2.approx.ftz.f32 $0, $1;", "=f,f", [x], dtype=tl.float32, is_pure=True, pack=1
+        )
+    else:  # Triton's interpreter runs no PTX
+        y = tl.exp2(x)
+    return y
+
+
+@triton.jit
+def _reduce_tile(
+    x, first, offs, end, row_max, row_sum, top, top_min, bound, bound_ptr, K: tl.constexpr, FAST_EXP: tl.constexpr
+):
     tile_max = tl.max(x, 0)
     new_max = tl.where(tile_max > row_max, tile_max, row_max)  # never NaN: NaN compares false
     # while every element seen is -inf, shift by 0 so -inf contributes exp(-inf) = 0, not NaN
     shift = tl.where(new_max == float("-inf"), 0.0, new_max)
-    tile_sum = tl.sum(tl.exp(x - shift), 0)
+    tile_sum = tl.sum(_exp2((x - shift) * _LOG2E, FAST_EXP), 0)
     row_sum = row_sum * tl.exp(row_max - shift) + tile_sum
-    # A NaN shows in tile_sum whether or not tl.max saw it (it may skip NaN on the GPU).
-    if (tile_sum != tile_sum) | (_order_key(tile_max) > (top_min >> 32).to(tl.int32)):
+    # Search the tile only if its best possible key (its max at its first index) beats what a key
+    # must beat to matter: this program's k-th key, or the k-th key of any program of the row (the
+    # row's top k all beat both). A NaN shows in tile_sum even where tl.max skips NaN (on the GPU).
+    floor = tl.maximum(top_min, bound)
+    if (tile_sum != tile_sum) | (_pack(_order_key(tile_max), first) > floor):
         cand = tl.where(offs < end, _pack(_order_key(x), offs), _EMPTY)
-        best = tl.max(cand, 0)
-        while best > top_min:  # replace the smallest kept key; keys are distinct
-            top = tl.where(top == top_min, best, top)
+        if K == 1:
+            top = tl.maximum(top, tl.max(cand, 0))
             top_min = tl.min(top, 0)
-            cand = tl.where(cand == best, _EMPTY, cand)
+        else:
             best = tl.max(cand, 0)
-    return new_max, row_sum, top, top_min
+            while best > floor:  # replace the smallest kept key; keys are distinct
+                top = tl.where(top == top_min, best, top)
+                top_min = tl.min(top, 0)
+                floor = tl.maximum(top_min, bound)
+                cand = tl.where(cand == best, _EMPTY, cand)
+                best = tl.max(cand, 0)
+            # Publish this program's k-th key, the row's k-th key is at least that, and take back
+            # the largest any program of the row has published. Any value seen is a valid bound,
+            # stale or not, so no ordering is needed.
+            bound = tl.maximum(tl.atomic_max(bound_ptr, top_min, sem="relaxed"), top_min)
+    return new_max, row_sum, top, top_min, bound
 
 
 @triton.jit
 def _partials_kernel(
     logits_ptr, row_stride, vocab, chunk,
-    part_max_ptr, part_sum_ptr, part_key_ptr,
-    K: tl.constexpr, K_POW2: tl.constexpr, BLOCK: tl.constexpr,
+    part_max_ptr, part_sum_ptr, part_key_ptr, bound_ptr,
+    K: tl.constexpr, K_POW2: tl.constexpr, BLOCK: tl.constexpr, FAST_EXP: tl.constexpr,
 ):
     row = tl.program_id(0)
     split = tl.program_id(1)
@@ -95,18 +127,31 @@ def _partials_kernel(
     # distinct placeholders below every real key, so "replace the smallest" replaces exactly one slot
     top = tl.where(slots < K, _EMPTY + slots.to(tl.int64), _NEVER_EVICTED)
     top_min = tl.min(top, 0)
+    bound_ptr += row
+    if K == 1:
+        bound = tl.full([], _EMPTY, tl.int64)  # for one key the program's own bound does: no sharing
+    else:
+        bound = tl.load(bound_ptr, volatile=True)  # bounds of programs that ran before this one
     row_max = tl.full([], float("-inf"), tl.float32)
     row_sum = tl.full([], 0.0, tl.float32)
-    # whole tiles load unmasked (16-byte vector loads); the ragged tail, if any, masked
+    # Whole tiles, each tile's load issued one tile ahead so that its DRAM latency overlaps the
+    # reductions of the one before (masks past the whole tiles switch the last prefetch off).
+    lanes = tl.arange(0, BLOCK)
     full_end = start + (end - start) // BLOCK * BLOCK
+    next_x = tl.load(row_ptr + start + lanes, mask=start + lanes < full_end, other=0.0)
     for tile in range(start, full_end, BLOCK):
-        offs = tile + tl.arange(0, BLOCK)
-        x = tl.load(row_ptr + offs).to(tl.float32)
-        row_max, row_sum, top, top_min = _reduce_tile(x, offs, end, row_max, row_sum, top, top_min)
-    if full_end < end:
-        offs = full_end + tl.arange(0, BLOCK)
+        offs = tile + lanes
+        x = next_x.to(tl.float32)
+        next_x = tl.load(row_ptr + offs + BLOCK, mask=offs + BLOCK < full_end, other=0.0)
+        row_max, row_sum, top, top_min, bound = _reduce_tile(
+            x, tile, offs, end, row_max, row_sum, top, top_min, bound, bound_ptr, K, FAST_EXP
+        )
+    if full_end < end:  # the ragged tail
+        offs = full_end + lanes
         x = tl.load(row_ptr + offs, mask=offs < end, other=float("-inf")).to(tl.float32)
-        row_max, row_sum, top, top_min = _reduce_tile(x, offs, end, row_max, row_sum, top, top_min)
+        row_max, row_sum, top, top_min, bound = _reduce_tile(
+            x, full_end, offs, end, row_max, row_sum, top, top_min, bound, bound_ptr, K, FAST_EXP
+        )
     tl.store(part_max_ptr + out, row_max)
     tl.store(part_sum_ptr + out, row_sum)
     tl.store(part_key_ptr + out * K + slots, top, mask=slots < K)
@@ -172,18 +217,22 @@ def launch_selection(
     if splits is None:
         target = (programs_per_sm or _PROGRAMS_PER_SM) * _sm_count(logits.device)
         splits = triton.cdiv(target, rows)
-    chunk = triton.cdiv(tiles, max(1, min(splits, tiles, _MAX_SPLITS))) * block
+    splits = max(1, min(splits, tiles, _MAX_SPLITS, _MAX_MERGE // k))
+    chunk = triton.cdiv(tiles, splits) * block
     splits = triton.cdiv(vocab, chunk)
-    splits_pow2 = 16 if splits <= 16 else _MAX_SPLITS
+    splits_pow2 = triton.next_power_of_2(max(splits, 16))  # few sizes, few compiled variants
     part_max = torch.empty((rows, splits), dtype=torch.float32, device=logits.device)
     part_sum = torch.empty_like(part_max)
     part_key = torch.empty((rows, splits, k), dtype=torch.int64, device=logits.device)
+    # each row's shared bound on its k-th key starts below every key; k = 1 shares none
+    bound = torch.full((rows,), -(2**63), dtype=torch.int64, device=logits.device) if k > 1 else part_key
     _partials_kernel[(rows, splits)](
-        logits, logits.stride(0), vocab, chunk, part_max, part_sum, part_key,
-        K=k, K_POW2=triton.next_power_of_2(k), BLOCK=block, num_warps=num_warps or default_warps,
+        logits, logits.stride(0), vocab, chunk, part_max, part_sum, part_key, bound,
+        K=k, K_POW2=triton.next_power_of_2(k), BLOCK=block, FAST_EXP=logits.device.type == "cuda",
+        num_warps=num_warps or default_warps,
     )
     _combine_kernel[(rows,)](
         part_max, part_sum, part_key, prob, index, splits,
         K=k, SPLITS_POW2=splits_pow2, KEYS_POW2=triton.next_power_of_2(splits_pow2 * k),
-        LOG=log, num_warps=4,
+        LOG=log, num_warps=1,
     )
