@@ -7,6 +7,7 @@ Inductor's own where-form for a temperature) and default arguments are dropped.
 import torch
 from expecttest import TestCase
 from torch._inductor import config as inductor_config
+from torch._inductor.utils import run_and_get_code
 
 from draftfuse.passes.softmax_topk import SoftmaxTopkPostGradPass
 from tests._graphs import fx_graph_text
@@ -252,4 +253,35 @@ class GraphModule(torch.nn.Module):
         div_2: "f32[4, 64]" = torch.ops.aten.div.Tensor(exp_1, sum_2);  exp_1 = sum_2 = None
         argmax_1: "i64[4]" = torch.ops.aten.argmax.default(div_2, -1);  div_2 = None
         return (argmax, argmax_1)
+""")
+
+
+class AtenKernelLowering(TestCase):
+    def test_lowered_to_draftfuse_ops_in_the_generated_code(self):
+        def f(x):
+            p = torch.softmax(x, -1)
+            return p.max(-1), p.topk(4)
+
+        x = torch.randn(4, 64, dtype=torch.bfloat16)
+        recording = _Recording(lowering="kernels")
+        torch._dynamo.reset()
+        with inductor_config.patch(post_grad_custom_pre_pass=recording, fx_graph_cache=False):
+            got, (code,) = run_and_get_code(torch.compile(f, fullgraph=True), x)
+        self.assertIn("torch.ops.draftfuse.argmax_prob.default", code)
+        self.assertIn("torch.ops.draftfuse.topk_prob.default", code)
+        self.assertNotIn("aten.topk", code)
+        want = f(x)
+        self.assertTrue(torch.equal(got[0].indices, want[0].indices) and torch.equal(got[1].indices, want[1].indices))
+        self.assertExpectedInline(recording.after, """\
+class GraphModule(torch.nn.Module):
+    def forward(self, arg0_1: "bf16[4, 64]"):
+        argmax_prob_default = torch.ops.draftfuse.argmax_prob.default(arg0_1, False)
+        getitem_4: "i64[4]" = argmax_prob_default[0]
+        getitem_5: "f32[4]" = argmax_prob_default[1];  argmax_prob_default = None
+        convert_element_type_default: "bf16[4]" = torch.ops.prims.convert_element_type.default(getitem_5, torch.bfloat16);  getitem_5 = None
+        topk_prob_default = torch.ops.draftfuse.topk_prob.default(arg0_1, 4, False);  arg0_1 = None
+        getitem_6: "i64[4, 4]" = topk_prob_default[1]
+        getitem_7: "f32[4, 4]" = topk_prob_default[0];  topk_prob_default = None
+        convert_element_type_default_1: "bf16[4, 4]" = torch.ops.prims.convert_element_type.default(getitem_7, torch.bfloat16);  getitem_7 = None
+        return (convert_element_type_default, getitem_4, convert_element_type_default_1, getitem_6)
 """)

@@ -555,3 +555,53 @@ class GraphModule(torch.nn.Module):
         argmax: "i64[4]" = softmax.argmax(-1);  softmax = None
         return (argmax,)
 """)
+
+
+class KernelLowering(TestCase):
+    """lowering="kernels" selects with draftfuse's ops (on a CPU they run their torch reference);
+    "auto" takes them only where the Triton kernels run (CUDA), and the report says why not."""
+
+    def test_topk1_and_topk4_lowered_to_kernels(self):
+        def f(x):
+            p = torch.softmax(x.float(), -1)
+            v, i = p.topk(1)
+            w, j = p.topk(4)
+            return v, i, w, j
+
+        gm = dynamo_graph(f, X_BF16)
+        result = rewrite_softmax_topk(gm, lowering="kernels")
+        self.assertExpectedInline(graph_text(result.graph_module), """\
+class GraphModule(torch.nn.Module):
+    def forward(self, L_x_: "bf16[4, 32]"):
+        l_x_ = L_x_
+
+        argmax_prob_default = torch.ops.draftfuse.argmax_prob.default(l_x_, log = False)
+        getitem: "i64[4]" = argmax_prob_default[0]
+        unsqueeze: "i64[4, 1]" = torch.unsqueeze(getitem, dim = 1);  getitem = None
+        getitem_1: "f32[4]" = argmax_prob_default[1];  argmax_prob_default = None
+        unsqueeze_1: "f32[4, 1]" = torch.unsqueeze(getitem_1, dim = 1);  getitem_1 = None
+
+        topk_prob_default = torch.ops.draftfuse.topk_prob.default(l_x_, k = 4, log = False);  l_x_ = None
+        getitem_2: "i64[4, 4]" = topk_prob_default[1]
+        getitem_3: "f32[4, 4]" = topk_prob_default[0];  topk_prob_default = None
+        return (unsqueeze_1, unsqueeze, getitem_3, getitem_2)
+""")
+        want, got = f(X_BF16), result.graph_module(X_BF16)
+        self.assertTrue(torch.equal(want[1], got[1]) and torch.equal(want[3], got[3]))
+        self.assertTrue(all("draftfuse." in r.rule for r in result.report.rewrites), str(result.report))
+
+    def test_auto_on_cpu_keeps_the_torch_form_and_says_why(self):
+        def f(x):
+            return torch.softmax(x, -1).topk(1)
+
+        result = rewrite_softmax_topk(dynamo_graph(f, X), lowering="auto")
+        self.assertIn("torch.argmax", graph_text(result.graph_module))
+        self.assertIn("needs CUDA", result.report.rewrites[0].detail)
+
+    def test_temperature_with_values_keeps_the_torch_form(self):
+        def f(x):
+            return torch.softmax(x / 0.7, -1).topk(1)
+
+        result = rewrite_softmax_topk(dynamo_graph(f, X), lowering="kernels")
+        self.assertNotIn("draftfuse", graph_text(result.graph_module))
+        self.assertIn("values under a temperature", result.report.rewrites[0].detail)

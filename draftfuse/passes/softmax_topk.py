@@ -59,6 +59,7 @@ from torch._dynamo.utils import counters
 from torch._subclasses.fake_tensor import FakeTensor
 from torch._inductor.custom_graph_pass import CustomGraphPass, get_hash_for_files
 
+from draftfuse.kernels import selection_kernels_available  # registers torch.ops.draftfuse.*
 from draftfuse.passes._report import PassReport, PassResult, Refusal, Rewrite, copy_graph_module, user_location
 
 log = logging.getLogger(__name__)
@@ -238,6 +239,7 @@ class _Match:
     prob_dtype: torch.dtype  # dtype of softmax_out
     prob_casts: list[torch.dtype]  # casts between softmax and selection, in order
     parts: _SoftmaxParts  # where the values come from
+    scaled: bool  # a temperature was looked through between logits and softmax
     matched: list[torch.fx.Node]  # nodes of the original pattern, for the report and clean-up
 
 
@@ -355,6 +357,9 @@ class _TorchEmitter(_Emitter):
             "reciprocal": (torch.reciprocal, ()),
             "gather": (torch.gather, ("dim", "index")),
             "squeeze": (torch.squeeze, ("dim",)),
+            "unsqueeze": (torch.unsqueeze, ("dim",)),
+            "argmax_prob": (torch.ops.draftfuse.argmax_prob.default, ("log",)),
+            "topk_prob": (torch.ops.draftfuse.topk_prob.default, ("k", "log")),
             "ones_like": (torch.ones_like, ()),
             "zeros_like": (torch.zeros_like, ()),
         }[name]
@@ -394,6 +399,9 @@ class _AtenEmitter(_Emitter):
             "reciprocal": lambda x: (aten.reciprocal.default, (x,)),
             "gather": lambda x, d, i: (aten.gather.default, (x, d, i)),
             "squeeze": lambda x, d: (aten.squeeze.dim, (x, d)),
+            "unsqueeze": lambda x, d: (aten.unsqueeze.default, (x, d)),
+            "argmax_prob": lambda x, lg: (torch.ops.draftfuse.argmax_prob.default, (x, lg)),
+            "topk_prob": lambda x, k, lg: (torch.ops.draftfuse.topk_prob.default, (x, k, lg)),
             # post-grad graphs are decomposed: full_like is gone, full is what Inductor lowers
             "ones_like": lambda x, dt: (aten.full.default, (self._static_shape(x), 1.0), self._like(x, dt)),
             "zeros_like": lambda x, dt: (aten.full.default, (self._static_shape(x), 0.0), self._like(x, dt)),
@@ -620,7 +628,7 @@ def _match(sel: _Selection, emit: _Emitter) -> _Match | None:
         raise _Refuse("no tensor metadata on the graph (capture with Dynamo or run ShapeProp first)")
     return _Match(
         selection=sel, dim=sel_dim, k=k, log=is_log, logits=logits, softmax_out=probs_node,
-        prob_dtype=prob_val.dtype, prob_casts=casts, parts=parts,
+        prob_dtype=prob_val.dtype, prob_casts=casts, parts=parts, scaled=any(_as_scale(n) for n in peeled),
         matched=[sel.node, *cast_nodes, probs_node, *peeled],
     )  # fmt: skip
 
@@ -656,7 +664,51 @@ def _has_static_shape(node: torch.fx.Node) -> bool:
     return value is not None and all(isinstance(size, int) for size in value.shape)
 
 
-def _apply(m: _Match, emit: _Emitter, probs: Probs) -> Rewrite:
+def _kernel_choice(m: _Match, wants_values: bool, lowering: Lowering) -> tuple[bool, str]:
+    """Whether to select with draftfuse's kernels (torch.ops.draftfuse.*), and if not, why."""
+    if lowering == "torch":
+        return False, ""
+    logits = _val(m.logits)
+    reasons = [
+        (m.dim != logits.dim() - 1, "the kernels reduce the last dim"),
+        (not m.selection.largest, "the kernels select the largest"),
+        # the kernels' probabilities are softmax(logits): a temperature in between would change them
+        (wants_values and m.scaled, "values under a temperature"),
+        (wants_values and m.prob_dtype == torch.float64, "the kernels' probabilities are float32"),
+        (lowering == "auto" and not selection_kernels_available(logits.device, logits.dtype, m.k, logits.stride(-1) == 1),
+         f"no kernel for {logits.dtype} k={m.k} on {logits.device.type} (needs CUDA, Triton, k <= 16)"),
+    ]  # fmt: skip
+    why = [reason for failed, reason in reasons if failed]
+    return not why, "; ".join(why)
+
+
+def _select_with_kernel(m: _Match, emit: _Emitter, wants_values: bool, probs: Probs):
+    """(index, values or None) from one draftfuse selection op, which reads the logits once."""
+    sel = m.selection
+    if m.k == 1:  # argmax_prob reduces the dim away: put it back for topk and keepdim=True
+        out = emit.call("argmax_prob", m.logits, m.log)
+        index = emit.call("getitem", out, 0)
+        index = emit.call("unsqueeze", index, m.dim) if sel.keepdim else index
+        if not wants_values:
+            return index, None
+        prob = emit.call("getitem", out, 1)
+        prob = emit.call("unsqueeze", prob, m.dim) if sel.keepdim else prob
+    else:
+        out = emit.call("topk_prob", m.logits, m.k, m.log)
+        index = emit.call("getitem", out, 1)
+        if not wants_values:
+            return index, None
+        prob = emit.call("getitem", out, 0)
+    if m.k == 1 and probs == "ones":
+        prob = emit.call("zeros_like" if m.log else "ones_like", index, torch.float32)
+    if emit.dtype_of(prob) != m.prob_dtype:
+        prob = emit.call("cast", prob, m.prob_dtype)
+    for dtype in m.prob_casts:  # replay the casts the probabilities went through
+        prob = emit.call("cast", prob, dtype)
+    return index, prob
+
+
+def _apply(m: _Match, emit: _Emitter, probs: Probs, lowering: Lowering) -> Rewrite:
     sel = m.selection
     graph = sel.node.graph
     getitems = {0: [], 1: []}
@@ -664,7 +716,13 @@ def _apply(m: _Match, emit: _Emitter, probs: Probs) -> Rewrite:
         if sel.kind not in ("argmax", "argmin"):
             getitems[user.args[1]].append(user)
     wants_values = bool(getitems[0])
-    if m.k == 1:
+    use_kernel, why_not = _kernel_choice(m, wants_values, lowering)
+    value = None
+    if use_kernel:
+        index, value = _select_with_kernel(m, emit, wants_values, probs)
+        op = "draftfuse.argmax_prob" if m.k == 1 else "draftfuse.topk_prob"
+        rule = f"{'log_' if m.log else ''}softmax+{sel.kind}(k={m.k}) -> {op}"
+    elif m.k == 1:
         pick = "argmax" if sel.largest else "argmin"
         needs_keepdim_index = wants_values and (probs == "ones" or not sel.largest)
         if sel.keepdim or not needs_keepdim_index:
@@ -684,11 +742,14 @@ def _apply(m: _Match, emit: _Emitter, probs: Probs) -> Rewrite:
         for user in getitems[1]:
             user.replace_all_uses_with(index)
         if wants_values:
-            value = _values(m, emit, index_keepdim, probs)
+            value = value if use_kernel else _values(m, emit, index_keepdim, probs)
             for user in getitems[0]:
                 user.replace_all_uses_with(value)
-            exact = "ones" if (probs == "ones" and m.k == 1) else ("log-probs" if m.log else "probs") + " from exp-sum"
+            source = "the kernel" if use_kernel else "exp-sum"
+            exact = "ones" if (probs == "ones" and m.k == 1) else ("log-probs" if m.log else "probs") + f" from {source}"
             detail += f", values={exact}"
+    if why_not:
+        detail += f", torch form: {why_not}"
     # Erase what the rewrite replaced, one node at a time and only once unused: Dynamo graphs are not
     # functional (in-place calls look pure to FX), so graph-wide dead-code elimination is unsafe there.
     for node in [*getitems[0], *getitems[1], *m.matched]:
@@ -699,11 +760,11 @@ def _apply(m: _Match, emit: _Emitter, probs: Probs) -> Rewrite:
 
 
 def _level(graph: torch.fx.Graph) -> str:
-    ops = [n.target for n in graph.nodes if n.op == "call_function"]
-    return "aten" if any(isinstance(t, torch._ops.OpOverload) for t in ops) else "dynamo"
+    # Dynamo records fake values as "example_value", AOT and Inductor as "val"
+    return "dynamo" if any("example_value" in n.meta for n in graph.nodes) else "aten"
 
 
-def _rewrite_graph(graph: torch.fx.Graph, *, probs: Probs, level: str) -> PassReport:
+def _rewrite_graph(graph: torch.fx.Graph, *, probs: Probs, lowering: Lowering, level: str) -> PassReport:
     report = PassReport(PASS_NAME)
     emitter_cls = _AtenEmitter if level == "aten" else _TorchEmitter
     parts_by_softmax: dict[torch.fx.Node, _SoftmaxParts] = {}
@@ -731,7 +792,7 @@ def _rewrite_graph(graph: torch.fx.Graph, *, probs: Probs, level: str) -> PassRe
         emit = match.parts.emit
         emit.origin = node
         names_before = {n for n in graph.nodes}
-        report.rewrites.append(_apply(match, emit, probs))
+        report.rewrites.append(_apply(match, emit, probs, lowering))
         erased |= names_before - set(graph.nodes)
     if level == "aten":
         graph.eliminate_dead_code()  # post-grad graphs are functional: safe here, and only here
@@ -751,7 +812,7 @@ def rewrite_softmax_topk(gm: torch.fx.GraphModule, *, probs: Probs = "exact", lo
     new_gm = copy_graph_module(gm)
     level = _level(new_gm.graph)
     log.info("%s: %s graph before:\n%s", PASS_NAME, level, new_gm.print_readable(print_output=False))
-    report = _rewrite_graph(new_gm.graph, probs=probs, level=level)
+    report = _rewrite_graph(new_gm.graph, probs=probs, lowering=lowering, level=level)
     new_gm.graph.lint()
     new_gm.recompile()
     log.info("%s\n%s graph after:\n%s", report, level, new_gm.print_readable(print_output=False))
@@ -779,7 +840,7 @@ class SoftmaxTopkPostGradPass(CustomGraphPass):
 
     def __call__(self, graph: torch.fx.Graph) -> None:
         log.info("%s: post-grad graph before:\n%s", PASS_NAME, graph)
-        self.last_report = _rewrite_graph(graph, probs=self.probs, level="aten")
+        self.last_report = _rewrite_graph(graph, probs=self.probs, lowering=self.lowering, level="aten")
         graph.lint()
         log.info("%s\npost-grad graph after:\n%s", self.last_report, graph)
 
