@@ -1,0 +1,123 @@
+"""`fold(seed, loop)`: the composition, compiled as one region, computes what `loop(*seed(...))` computes.
+
+Each fold compiles once (seconds on a CPU), so each test compiles one.
+"""
+
+import inspect
+
+import pytest
+import torch
+
+from draftfuse.runtime.fold import _by_keyword, fold
+from tests.test_seed_fold import frozen_args, server_loop, server_seed
+
+V, H = 16, 8
+
+
+@pytest.fixture(autouse=True)
+def _fresh_dynamo():
+    torch._dynamo.reset()
+    yield
+    torch._dynamo.reset()
+
+
+class Worker:
+    """A draft worker on any device: an eager-style seed step (host copy of the lengths included) and
+    the draft steps, which recompute their position defensively clamped."""
+
+    def __init__(self, device: torch.device) -> None:
+        generator = torch.Generator().manual_seed(0)
+        self.embed = torch.randn(V, H, generator=generator).to(device)
+        self.head = torch.randn(H, V, generator=generator).to(device)
+
+    def seed_step(self, tokens, hidden, seq_lens):
+        position = seq_lens - 1
+        hidden = torch.tanh(hidden + self.embed[tokens] + position[:, None])
+        _, index = (hidden @ self.head).softmax(-1).topk(1)
+        return index[:, 0], hidden, seq_lens.cpu()
+
+    def draft_steps(self, token, hidden, seq_lens_host):
+        position = (seq_lens_host.to(hidden.device) - 1).clamp(min=0)
+        drafted = [token]
+        for _ in range(3):
+            hidden = torch.tanh(hidden + self.embed[drafted[-1]] + position[:, None])
+            drafted.append((hidden @ self.head).softmax(-1).topk(1).indices[:, 0])
+        return torch.stack(drafted, dim=1)
+
+
+def worker_args(device: torch.device) -> tuple:
+    return torch.tensor([3, 7], device=device), torch.randn(2, H, device=device), torch.tensor([5, 9], device=device)
+
+
+def seam_report(draft):
+    (record,) = draft.draft.compiles  # one Dynamo graph, compiled once
+    report = record.reports[0]
+    assert report.pass_name == "seed_fold"
+    return report
+
+
+@pytest.mark.slow  # the first Inductor compile of a process: about 20 s on a 2-core CPU
+def test_fold_equals_the_composition_of_plain_functions():
+    args = frozen_args()
+    draft = fold(server_seed, server_loop)
+    with torch.no_grad():
+        for _ in range(2):  # the second call runs what the first compiled
+            tokens, probs = draft(*args.values())
+            want_tokens, want_probs = server_loop(*server_seed(*args.values()))
+            torch.testing.assert_close(tokens, want_tokens, rtol=0, atol=0)
+            torch.testing.assert_close(probs, want_probs)
+    rules = [r.rule for r in seam_report(draft).rewrites]
+    removed = ["seam marker removed", "host round trip removed", "placeholder allocation removed"]
+    assert set(removed + ["setup merged (identical)"]) <= set(rules)
+
+
+def test_fold_of_bound_methods_uses_the_declared_range():
+    worker = Worker(torch.device("cpu"))
+    args = worker_args(torch.device("cpu"))
+    draft = fold(worker.seed_step, worker.draft_steps, value_ranges={"seq_lens": (1, None)})
+    with torch.no_grad():
+        got = draft(*args[:2], seq_lens=args[2])
+    torch.testing.assert_close(got, worker.draft_steps(*worker.seed_step(*args)), rtol=0, atol=0)
+    assert repr(draft) == "fold(Worker.seed_step, Worker.draft_steps)"
+    report = seam_report(draft)
+    assert "host round trip removed" in [r.rule for r in report.rewrites]
+    proven = [r.detail for r in report.rewrites if r.rule == "setup merged (proven equal)"]
+    assert any("given l_kwargs_seq_lens_ in [1, " in detail for detail in proven), proven
+
+
+def test_a_seed_returning_one_tensor_is_passed_whole():
+    draft = fold(lambda x: x.softmax(-1), lambda probs: probs.topk(2).indices)
+    x = torch.randn(2, V)
+    torch.testing.assert_close(draft(x), x.softmax(-1).topk(2).indices, rtol=0, atol=0)
+
+
+def test_arguments_go_by_keyword_where_the_signature_allows():
+    def seed(tokens, /, hidden, *, keys, **extra): ...
+
+    def seed_with_star_args(tokens, *rest, scale=1): ...
+
+    signature = inspect.signature(seed)
+    assert _by_keyword(signature, (1, 2), {"keys": 3, "flag": 4}) == ([1], {"hidden": 2, "keys": 3, "flag": 4})
+    assert _by_keyword(inspect.signature(seed_with_star_args), (1, 2, 3), {"scale": 2}) == ([1, 2, 3], {"scale": 2})
+    with pytest.raises(TypeError):
+        _by_keyword(signature, (1,), {})  # the seed's own error, raised before any tracing
+
+
+@pytest.mark.cuda
+def test_one_graph_replay_per_folded_draft_and_no_cudagraph_skips():
+    from torch._dynamo.utils import counters
+
+    from draftfuse._measure import graph_replays_per_call
+
+    device = torch.device("cuda")
+    worker = Worker(device)
+    args = worker_args(device)
+    counters.clear()
+    draft = fold(worker.seed_step, worker.draft_steps, value_ranges={"seq_lens": (1, None)})
+    with torch.no_grad():
+        for _ in range(3):  # CUDA graph trees: warm-up, record, then replays
+            draft(*args)
+        assert graph_replays_per_call(lambda: draft(*args)) == 1
+        torch.testing.assert_close(draft(*args), worker.draft_steps(*worker.seed_step(*args)), rtol=0, atol=0)
+    assert counters["inductor"]["cudagraph_skips"] == 0
+    assert len(draft.draft.compiles) == 1

@@ -1,0 +1,226 @@
+"""The seed fold's proofs: setup the two sides compute differently is merged only when sympy proves it
+equal for every value the ranges allow; unequal or unprovable setup is kept, and the report says why.
+
+First `prove_equal` on expressions, then the same questions asked through graphs: ranges the caller
+declares, ranges producers imply (arange, topk indices), ranges the ShapeEnv knows (symbolic sizes),
+and wrap-around of narrow integer dtypes.
+"""
+
+import re
+
+import pytest
+import sympy
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from torch.utils._sympy.functions import FloorDiv, Max, Min, PythonMod
+from torch.utils._sympy.value_ranges import ValueRanges
+
+from draftfuse.passes.seed_fold import fold_seed, prove_equal
+from tests.test_seed_fold import capture, composed
+
+s, t = sympy.symbols("s t", integer=True)
+INT64 = ValueRanges(-(2**63), 2**63 - 1)
+
+
+@pytest.mark.parametrize(
+    "a, b, ranges, expected",
+    [
+        # clamp(seq_lens - 1, min=0) against seq_lens - 1
+        (Max(s - 1, 0), s - 1, {s: ValueRanges(1, 2**63 - 1)}, True),
+        (Max(s - 1, 0), s - 1, {s: INT64}, None),  # seq_lens could be 0 or negative
+        (Max(s - 1, 0), s - 1, {s: ValueRanges(-5, -1)}, False),  # always clamped: differs by 1 - s
+        (s - 1, s - 2, {s: INT64}, False),
+        (Max(s, t), Max(t, s), {s: INT64, t: INT64}, True),
+        (Min(s, 10), s, {s: ValueRanges(0, 10)}, True),
+        (Min(s, 10), s, {s: ValueRanges(0, 100)}, None),
+        (PythonMod(s, 8), s, {s: ValueRanges(0, 7)}, True),
+        (PythonMod(s, 8), s, {s: ValueRanges(0, 8)}, None),
+        (FloorDiv(s, 4), sympy.Integer(0), {s: ValueRanges(0, 3)}, True),
+        (Max(Min(s, 7), 0), s, {s: ValueRanges(0, 7)}, True),  # nested clamps
+    ],
+)
+def test_prove_equal(a, b, ranges, expected):
+    equal, diff = prove_equal(a, b, ranges)
+    assert equal is expected
+    assert (diff == 0) is (expected is True)
+
+
+def test_differing_expressions_report_their_difference():
+    equal, diff = prove_equal(s + 1, s - 1, {s: INT64})
+    assert equal is False and diff == 2
+
+
+SEQ_LENS = torch.tensor([3, 6], dtype=torch.int32)
+
+
+def seed(seq_lens):
+    return seq_lens - 1, seq_lens
+
+
+def clamping_loop(position, seq_lens):
+    return position * (seq_lens - 1).clamp(min=0)
+
+
+def widening_seed(seq_lens):
+    return (seq_lens - 1).long(), seq_lens
+
+
+def widening_loop(position, seq_lens):
+    return position * (seq_lens.long() - 1)
+
+
+def fold(seed, loop, kwargs, **facts):
+    gm, inputs = capture(composed(seed, loop, **facts), kwargs)
+    result = fold_seed(gm)
+    expected = loop(*seed(**kwargs))
+    got = list(result.graph_module(*inputs))
+    torch.testing.assert_close(got, torch.utils._pytree.tree_leaves(expected), rtol=0, atol=0)
+    return result.report
+
+
+def proven(report):
+    return [r.detail for r in report.rewrites if r.rule == "setup merged (proven equal)"]
+
+
+def test_declared_range_proves_the_clamp_away():
+    report = fold(seed, clamping_loop, dict(seq_lens=SEQ_LENS), value_ranges={"seq_lens": (1, None)})
+    assert proven(report) == [
+        "Max(0, l_kwargs_seq_lens_ - 1) == l_kwargs_seq_lens_ - 1 given l_kwargs_seq_lens_ in [1, 2147483647]"
+    ]
+    assert report.refusals == []
+
+
+def test_without_the_range_the_clamp_stays_and_the_report_says_what_would_prove_it():
+    report = fold(seed, clamping_loop, dict(seq_lens=SEQ_LENS))
+    assert proven(report) == []
+    (refusal,) = report.refusals
+    assert refusal.reason == (
+        "kept: clamp = Max(0, l_kwargs_seq_lens_ - 1) vs the seed's child = l_kwargs_seq_lens_ - 1: not proven given "
+        "l_kwargs_seq_lens_ in [-2147483648, 2147483647]; value_ranges={'seq_lens': (low, high)} lets the proof use "
+        "what the caller knows"
+    )
+
+
+def test_a_range_for_no_input_is_reported_unused():
+    report = fold(seed, clamping_loop, dict(seq_lens=SEQ_LENS), value_ranges={"seq_len": (1, None)})
+    assert "value_ranges: no graph input is named 'seq_len'; its range is unused" in report.notes
+    assert proven(report) == []
+
+
+def test_narrow_dtypes_wrap_so_widening_needs_a_range():
+    # int32 seq_lens - 1 wraps at the minimum; seq_lens.long() - 1 does not: equal only without wrap.
+    kept = fold(widening_seed, widening_loop, dict(seq_lens=SEQ_LENS))
+    assert proven(kept) == []
+    merged = fold(widening_seed, widening_loop, dict(seq_lens=SEQ_LENS), value_ranges={"seq_lens": (1, None)})
+    assert proven(merged) == [
+        "l_kwargs_seq_lens_ - 1 == l_kwargs_seq_lens_ - 1 given l_kwargs_seq_lens_ in [1, 2147483647]"
+    ]
+
+
+def test_producer_ranges_need_no_declaration():
+    def seed(logits):
+        index = logits.topk(1).indices
+        return index, torch.arange(6), logits
+
+    def loop(index, slots, logits):
+        # a topk index is already within [0, vocab - 1]; arange(6) already within [0, 5]
+        return index.clamp(max=logits.shape[-1] - 1) + (slots % 6).sum(), index + slots.sum()
+
+    report = fold(seed, loop, dict(logits=torch.randn(2, 8)))
+    assert sorted(proven(report)) == [
+        "Min(7, index) == index given index in [0, 7]",
+        "PythonMod(child, 6) == child given child in [0, 5]",
+    ]
+
+
+def test_shape_env_ranges_prove_clamps_of_symbolic_sizes():
+    def seed(tokens, keys):
+        position = torch.full_like(tokens, keys.size(1) - 1)
+        return tokens + position, keys, tokens
+
+    def loop(x, keys, tokens):
+        return x * torch.full_like(tokens, keys.size(1)).sub(1).clamp(min=0)
+
+    keys = torch.randn(2, 5)
+    torch._dynamo.mark_dynamic(keys, 1)
+    report = fold(seed, loop, dict(tokens=torch.tensor([1, 2]), keys=keys))
+    # full_like(tokens, size) - 1 is the seed's full_like(tokens, size - 1); the clamp of it then goes
+    # too, since a size is >= 2 in the ShapeEnv (sympy already simplifies Max(0, s - 1) to s - 1).
+    details = proven(report)
+    assert len(details) == 2, details
+    for detail in details:
+        assert re.fullmatch(r"(s\d+) - 1 == \1 - 1 given \1 in \[2, 9223372036854775807\]", detail), detail
+    assert report.refusals == []
+
+
+# Property: over generated index arithmetic, whatever the pass merges, the folded graph computes what
+# the composition computes, for inputs anywhere in the declared range (extremes included, where int32
+# arithmetic wraps around).
+ARITHMETIC = {
+    "add": lambda x, c: x + c,
+    "sub": lambda x, c: x - c,
+    "mul": lambda x, c: x * c,
+    "clamp_min": lambda x, c: x.clamp(min=c),
+    "clamp_max": lambda x, c: x.clamp(max=c),
+    "floordiv": lambda x, c: x // c,
+    "mod": lambda x, c: x % c,
+    "long": lambda x, c: x.long(),
+}
+
+
+def apply(x, steps):
+    for op, constant in steps:
+        x = ARITHMETIC[op](x, constant)
+    return x
+
+
+def steps(constants):
+    def positive_divisors(ops):
+        return [(op, abs(c) + 1 if op in ("floordiv", "mod") else c) for op, c in ops]
+
+    return st.lists(st.tuples(st.sampled_from(sorted(ARITHMETIC)), constants), max_size=3).map(positive_divisors)
+
+
+# Steps that change nothing for some inputs and ranges, and something for others.
+MAYBE_NEUTRAL = [
+    ("add", 0), ("mul", 1), ("floordiv", 1), ("clamp_min", -4), ("clamp_min", 1), ("clamp_max", 12), ("mod", 13),
+    ("long", None),
+]
+
+
+@st.composite
+def setups(draw):
+    dtype = draw(st.sampled_from([torch.int32, torch.int64]))
+    low = draw(st.one_of(st.none(), st.integers(-4, 4)))
+    high = draw(st.one_of(st.none(), st.integers(5, 12)))
+    seed_steps = draw(steps(st.integers(-3, 3)))
+    # The loop computes the seed's value with steps that may or may not change nothing in the range.
+    loop_steps = list(seed_steps)
+    for _ in range(draw(st.integers(0, 2))):
+        at = draw(st.integers(0, len(loop_steps)))
+        loop_steps.insert(at, draw(st.sampled_from(MAYBE_NEUTRAL)))
+    info = torch.iinfo(dtype)
+    values = st.integers(info.min if low is None else low, info.max if high is None else high)
+    edges = [v for v in (info.min, info.min + 1, info.max) if (low is None or v >= low) and (high is None or v <= high)]
+    inputs = draw(st.lists(st.one_of(values, st.sampled_from(edges)) if edges else values, min_size=3, max_size=3))
+    return dtype, (low, high), seed_steps, loop_steps, inputs
+
+
+@settings(max_examples=30)
+@given(setups())
+def test_merges_never_change_what_the_graph_computes(setup):
+    dtype, (low, high), seed_steps, loop_steps, inputs = setup
+
+    def seed(seq_lens):
+        return apply(seq_lens, seed_steps), seq_lens
+
+    def loop(value, seq_lens):
+        return torch.stack([value.long(), apply(seq_lens, loop_steps).long()])
+
+    seq_lens = torch.tensor(inputs, dtype=dtype)
+    gm, graph_inputs = capture(composed(seed, loop, value_ranges={"seq_lens": (low, high)}), dict(seq_lens=seq_lens))
+    result = fold_seed(gm)
+    assert not any("internal error" in note for note in result.report.notes), result.report.notes
+    (got,) = result.graph_module(*graph_inputs)
+    torch.testing.assert_close(got, loop(*seed(seq_lens)), rtol=0, atol=0)
