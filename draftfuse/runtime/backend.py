@@ -14,7 +14,9 @@ keys; torch.compile refuses `mode` and `options` together, so put the mode's set
 
     "probs":        "exact" (default) or "ones": values of k = 1 selections; "ones" is the constant 1.0
                     that greedy chains use when nothing reads the probabilities (see DESIGN.md).
-    "lowering":     "torch" (default), "kernels" or "auto": how the rewritten selection is computed.
+    "lowering":     "auto" (default), "torch" or "kernels": how the rewritten selection is computed.
+                    "auto" takes draftfuse's one-pass selection kernels where they run (CUDA, Triton,
+                    fp32/fp16/bf16, k <= 16, last dim) and torch's argmax/topk elsewhere.
     "softmax_topk": True (default); False leaves softmax -> topk alone at both levels.
     "seed_fold":    True (default); False skips the seed fold.
 
@@ -56,7 +58,7 @@ log = logging.getLogger(__name__)
 BACKEND_NAME = "draftfuse"
 
 # draftfuse's own options and their defaults; every other options key goes to Inductor.
-DEFAULT_OPTIONS: dict[str, Any] = {"probs": "exact", "lowering": "torch", "softmax_topk": True, "seed_fold": True}
+DEFAULT_OPTIONS: dict[str, Any] = {"probs": "exact", "lowering": "auto", "softmax_topk": True, "seed_fold": True}
 _CHOICES = {"probs": ("exact", "ones"), "lowering": ("torch", "kernels", "auto")}
 
 _POST_GRAD_KEY = "post_grad_custom_pre_pass"
