@@ -8,6 +8,7 @@ import inspect
 import pytest
 import torch
 
+from draftfuse.runtime.draft_loop import draft_loop
 from draftfuse.runtime.fold import _by_keyword, fold
 from tests.test_seed_fold import frozen_args, server_loop, server_seed
 
@@ -83,6 +84,20 @@ def test_fold_of_bound_methods_uses_the_declared_range():
     assert "host round trip removed" in [r.rule for r in report.rewrites]
     proven = [r.detail for r in report.rewrites if r.rule == "setup merged (proven equal)"]
     assert any("given l_kwargs_seq_lens_ in [1, " in detail for detail in proven), proven
+
+
+def test_draft_loop_of_the_plain_composition_gets_the_same_fold():
+    # No marker: the pass finds the seed by its chain of selections. The host copy of seq_lens would
+    # be a HostSyncError; the fold removes the round trip before the capture checks look.
+    worker = Worker(torch.device("cpu"))
+    args = worker_args(torch.device("cpu"))
+    draft = draft_loop(lambda tokens, hidden, seq_lens: worker.draft_steps(*worker.seed_step(tokens, hidden, seq_lens)))
+    with torch.no_grad():
+        torch.testing.assert_close(draft(*args), worker.draft_steps(*worker.seed_step(*args)), rtol=0, atol=0)
+    (record,) = draft.compiles
+    report = record.reports[0]
+    assert "host round trip removed" in [r.rule for r in report.rewrites]
+    assert "iterations found: 4 (1 in the seed, 3 in the loop; loop selections: topk_1, topk_2, topk_3)" in report.notes
 
 
 def test_a_seed_returning_one_tensor_is_passed_whole():

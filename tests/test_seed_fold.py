@@ -948,6 +948,116 @@ class GraphModule(torch.nn.Module):
 
     def test_refuses_setup_that_differs_across_the_seam(self):
         before, after, report = self.fold(frozen_seed, differing_loop, frozen_args())
+        self.assertExpectedInline(before, """\
+class GraphModule(torch.nn.Module):
+    def forward(self, L_kwargs_seq_lens_: "i64[2]", G_EMBED_: "f32[8, 4]", L_kwargs_tokens_: "i64[2]", L_kwargs_hidden_: "f32[2, 4]", G_FREQ_: "f32[4]", L_kwargs_keys_: "f32[2, 6, 4]", G_HEAD_: "f32[4, 8]"):
+        l_kwargs_seq_lens_ = L_kwargs_seq_lens_
+        g_embed_ = G_EMBED_
+        l_kwargs_tokens_ = L_kwargs_tokens_
+        l_kwargs_hidden_ = L_kwargs_hidden_
+        g_freq_ = G_FREQ_
+        l_kwargs_keys_ = L_kwargs_keys_
+        g_head_ = G_HEAD_
+
+        position: "i64[2]" = l_kwargs_seq_lens_ - 1
+
+        arange: "i64[6]" = torch.arange(6)
+        getitem: "i64[2, 1]" = l_kwargs_seq_lens_[(slice(None, None, None), None)]
+        mask: "b8[2, 6]" = arange < getitem;  arange = getitem = None
+
+        getitem_1: "f32[2, 4]" = g_embed_[l_kwargs_tokens_];  l_kwargs_tokens_ = None
+        add: "f32[2, 4]" = l_kwargs_hidden_ + getitem_1;  l_kwargs_hidden_ = getitem_1 = None
+        getitem_2: "i64[2, 1]" = position[(slice(None, None, None), None)];  position = None
+        mul: "f32[2, 4]" = getitem_2 * g_freq_;  getitem_2 = None
+        cos: "f32[2, 4]" = torch.cos(mul);  mul = None
+        x: "f32[2, 4]" = add + cos;  add = cos = None
+
+        getitem_3: "f32[2, 4, 1]" = x[(slice(None, None, None), slice(None, None, None), None)]
+        matmul: "f32[2, 6, 1]" = l_kwargs_keys_ @ getitem_3;  getitem_3 = None
+        squeeze: "f32[2, 6]" = matmul.squeeze(-1);  matmul = None
+        mul_1: "f32[2, 6]" = squeeze * mask;  squeeze = mask = None
+        attn: "f32[2, 6]" = mul_1.softmax(-1);  mul_1 = None
+
+        getitem_4: "f32[2, 6, 1]" = attn[(slice(None, None, None), slice(None, None, None), None)];  attn = None
+        mul_2: "f32[2, 6, 4]" = getitem_4 * l_kwargs_keys_;  getitem_4 = None
+        sum_1: "f32[2, 4]" = mul_2.sum(1);  mul_2 = None
+        x_1: "f32[2, 4]" = x + sum_1;  x = sum_1 = None
+
+        logits: "f32[2, 8]" = x_1 @ g_head_
+
+        softmax_1: "f32[2, 8]" = logits.softmax(-1);  logits = None
+        topk = softmax_1.topk(1);  softmax_1 = None
+        index: "i64[2, 1]" = topk[1];  topk = None
+
+        child: "i64[2]" = index[(slice(None, None, None), 0)];  index = None
+
+        seam_default = torch.ops.draftfuse.seam.default([child, x_1, l_kwargs_keys_, l_kwargs_seq_lens_], '{"drop_buffer_writes": false, "value_ranges": {}}');  child = x_1 = l_kwargs_keys_ = l_kwargs_seq_lens_ = None
+        tensor: "i64[2]" = seam_default[0]
+        tensor_1: "f32[2, 4]" = seam_default[1]
+        tensor_2: "f32[2, 6, 4]" = seam_default[2]
+        tensor_3: "i64[2]" = seam_default[3];  seam_default = None
+
+        sub_1: "i64[2]" = tensor_3 - 1
+        position_1: "i64[2]" = sub_1.clamp(min = 0);  sub_1 = None
+
+        arange_1: "i64[6]" = torch.arange(6)
+        add_3: "i64[2]" = tensor_3 + 1;  tensor_3 = None
+        getitem_12: "i64[2, 1]" = add_3[(slice(None, None, None), None)];  add_3 = None
+        mask_1: "b8[2, 6]" = arange_1 < getitem_12;  arange_1 = getitem_12 = None
+
+        getitem_13: "f32[2, 4]" = g_embed_[tensor]
+        add_4: "f32[2, 4]" = tensor_1 + getitem_13;  tensor_1 = getitem_13 = None
+        getitem_14: "i64[2, 1]" = position_1[(slice(None, None, None), None)]
+        mul_3: "f32[2, 4]" = getitem_14 * g_freq_;  getitem_14 = None
+        cos_1: "f32[2, 4]" = torch.cos(mul_3);  mul_3 = None
+        x_2: "f32[2, 4]" = add_4 + cos_1;  add_4 = cos_1 = None
+
+        getitem_15: "f32[2, 4, 1]" = x_2[(slice(None, None, None), slice(None, None, None), None)]
+        matmul_2: "f32[2, 6, 1]" = tensor_2 @ getitem_15;  getitem_15 = None
+        squeeze_1: "f32[2, 6]" = matmul_2.squeeze(-1);  matmul_2 = None
+        mul_4: "f32[2, 6]" = squeeze_1 * mask_1;  squeeze_1 = None
+        attn_1: "f32[2, 6]" = mul_4.softmax(-1);  mul_4 = None
+
+        getitem_16: "f32[2, 6, 1]" = attn_1[(slice(None, None, None), slice(None, None, None), None)];  attn_1 = None
+        mul_5: "f32[2, 6, 4]" = getitem_16 * tensor_2;  getitem_16 = None
+        sum_2: "f32[2, 4]" = mul_5.sum(1);  mul_5 = None
+        x_3: "f32[2, 4]" = x_2 + sum_2;  x_2 = sum_2 = None
+
+        logits_1: "f32[2, 8]" = x_3 @ g_head_
+
+        softmax_3: "f32[2, 8]" = logits_1.softmax(-1);  logits_1 = None
+        topk_1 = softmax_3.topk(1);  softmax_3 = None
+        getitem_18: "i64[2, 1]" = topk_1[1];  topk_1 = None
+        getitem_19: "i64[2]" = getitem_18[(slice(None, None, None), 0)];  getitem_18 = None
+
+        getitem_20: "f32[2, 4]" = g_embed_[getitem_19];  g_embed_ = None
+        add_7: "f32[2, 4]" = x_3 + getitem_20;  x_3 = getitem_20 = None
+        getitem_21: "i64[2, 1]" = position_1[(slice(None, None, None), None)];  position_1 = None
+        mul_6: "f32[2, 4]" = getitem_21 * g_freq_;  getitem_21 = g_freq_ = None
+        cos_2: "f32[2, 4]" = torch.cos(mul_6);  mul_6 = None
+        x_4: "f32[2, 4]" = add_7 + cos_2;  add_7 = cos_2 = None
+
+        getitem_22: "f32[2, 4, 1]" = x_4[(slice(None, None, None), slice(None, None, None), None)]
+        matmul_4: "f32[2, 6, 1]" = tensor_2 @ getitem_22;  getitem_22 = None
+        squeeze_2: "f32[2, 6]" = matmul_4.squeeze(-1);  matmul_4 = None
+        mul_7: "f32[2, 6]" = squeeze_2 * mask_1;  squeeze_2 = mask_1 = None
+        attn_2: "f32[2, 6]" = mul_7.softmax(-1);  mul_7 = None
+
+        getitem_23: "f32[2, 6, 1]" = attn_2[(slice(None, None, None), slice(None, None, None), None)];  attn_2 = None
+        mul_8: "f32[2, 6, 4]" = getitem_23 * tensor_2;  getitem_23 = tensor_2 = None
+        sum_3: "f32[2, 4]" = mul_8.sum(1);  mul_8 = None
+        x_5: "f32[2, 4]" = x_4 + sum_3;  x_4 = sum_3 = None
+
+        logits_2: "f32[2, 8]" = x_5 @ g_head_;  x_5 = g_head_ = None
+
+        softmax_5: "f32[2, 8]" = logits_2.softmax(-1);  logits_2 = None
+        topk_2 = softmax_5.topk(1);  softmax_5 = None
+        getitem_25: "i64[2, 1]" = topk_2[1];  topk_2 = None
+        getitem_26: "i64[2]" = getitem_25[(slice(None, None, None), 0)];  getitem_25 = None
+
+        stack: "i64[2, 3]" = torch.stack([tensor, getitem_19, getitem_26], 1);  tensor = getitem_19 = getitem_26 = None
+        return (stack,)
+""")
         self.assertExpectedInline(after, """\
 class GraphModule(torch.nn.Module):
     def forward(self, L_kwargs_seq_lens_: "i64[2]", G_EMBED_: "f32[8, 4]", L_kwargs_tokens_: "i64[2]", L_kwargs_hidden_: "f32[2, 4]", G_FREQ_: "f32[4]", L_kwargs_keys_: "f32[2, 6, 4]", G_HEAD_: "f32[4, 8]"):
