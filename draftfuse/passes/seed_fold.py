@@ -212,7 +212,7 @@ def _written(node: Node) -> list[Node] | None:
     """The values `node` writes in place ([] if none); None if unknown: it may write any of its inputs."""
     if node.op == "call_method":
         name = str(node.target)
-        in_place = name.endswith("_") and not name.startswith("__") or name in ("__setitem__", "__iadd__")
+        in_place = name.endswith("_") and not name.startswith("__")
         return [node.args[0]] if in_place and isinstance(node.args[0], Node) else []
     if node.op == "call_module":
         return None
