@@ -8,6 +8,7 @@ The passes themselves live in `draftfuse.passes`.
 """
 
 from draftfuse.runtime.draft_loop import draft_loop
+from draftfuse.runtime.fold import fold
 from draftfuse.runtime.errors import CudagraphSkipError, DraftCaptureError, GraphBreakError, HostSyncError, RecompileError
 
 __all__ = [
@@ -17,5 +18,6 @@ __all__ = [
     "HostSyncError",
     "RecompileError",
     "draft_loop",
+    "fold",
 ]
 __version__ = "0.1.0"

@@ -811,11 +811,14 @@ def rewrite_softmax_topk(gm: torch.fx.GraphModule, *, probs: Probs = "exact", lo
     _check_options(probs, lowering)
     new_gm = copy_graph_module(gm)
     level = _level(new_gm.graph)
-    log.info("%s: %s graph before:\n%s", PASS_NAME, level, new_gm.print_readable(print_output=False))
+    logging_graphs = log.isEnabledFor(logging.INFO)  # printing a graph costs time: only when shown
+    if logging_graphs:
+        log.info("%s: %s graph before:\n%s", PASS_NAME, level, new_gm.print_readable(print_output=False))
     report = _rewrite_graph(new_gm.graph, probs=probs, lowering=lowering, level=level)
     new_gm.graph.lint()
     new_gm.recompile()
-    log.info("%s\n%s graph after:\n%s", report, level, new_gm.print_readable(print_output=False))
+    if logging_graphs:
+        log.info("%s\n%s graph after:\n%s", report, level, new_gm.print_readable(print_output=False))
     return PassResult(new_gm, report)
 
 
