@@ -4,8 +4,8 @@
     python -m draftfuse explain examples/eagle_head.py
 
 It traces `fn(*args, **kwargs)` with Dynamo (through torch._dynamo.explain, so graph breaks are
-recorded instead of raised), runs draftfuse's Dynamo-level passes on every graph with the default
-options (the seed fold when installed, then softmax -> topk) without compiling anything further, and
+recorded instead of raised), runs the backend's Dynamo-level passes on every graph with its default
+options (the seed fold, then softmax -> topk) without compiling anything further, and
 collects:
   * each graph before the passes, each pass's rewrites and refusals (with reasons and file:line), and
     what each pass changed in the graph;
@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+import functools
 import inspect
 import os
 from collections.abc import Callable
@@ -33,8 +34,10 @@ import torch.fx
 from torch._dynamo.testing import normalize_gm
 
 from draftfuse.passes._report import PassReport, PassResult
+from draftfuse.passes.seed_fold import fold_seed
 from draftfuse.passes.softmax_topk import rewrite_softmax_topk
 from draftfuse.runtime import capture
+from draftfuse.runtime.backend import DEFAULT_OPTIONS
 from draftfuse.runtime.errors import DraftCaptureError, GraphBreakError, HostSyncError
 
 _NOT_STATIC = (
@@ -105,17 +108,11 @@ def explain(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Explanation:
     return Explanation(_describe_function(fn), graphs, breaks)
 
 
-def _passes() -> list[Callable[[torch.fx.GraphModule], PassResult]]:
-    """draftfuse's Dynamo-level passes with default options, in the order the backend runs them."""
-    passes = []
-    try:  # the seed fold is optional, as in the backend
-        from draftfuse.passes.seed_fold import fold_seed
-
-        passes.append(fold_seed)
-    except ImportError:
-        pass
-    passes.append(rewrite_softmax_topk)
-    return passes
+# The backend's Dynamo-level pipeline (draftfuse.runtime.backend.compile_graph) with its default options.
+_PASSES: list[Callable[[torch.fx.GraphModule], PassResult]] = [
+    fold_seed,
+    functools.partial(rewrite_softmax_topk, probs=DEFAULT_OPTIONS["probs"], lowering=DEFAULT_OPTIONS["lowering"]),
+]
 
 
 def _explain_graph(gm: torch.fx.GraphModule) -> GraphExplanation:
@@ -127,7 +124,7 @@ def _explain_graph(gm: torch.fx.GraphModule) -> GraphExplanation:
         obstacles.append(error)
     written = capture.mutated_inputs(gm)
     steps = []
-    for run_pass in _passes():
+    for run_pass in _PASSES:
         result = run_pass(gm)
         steps.append(PassStep(result.report, _code(gm), _code(result.graph_module)))
         gm = result.graph_module

@@ -101,8 +101,8 @@ class GraphModule(torch.nn.Module):
 
 == pass softmax_topk
 [softmax_topk] 2 rewrite(s), 0 refusal(s)
-  rewrote topk, softmax, float_1: softmax+topk(k=4) -> topk(logits) (dim=1, logits=linear_1, values=probs from exp-sum)
-  rewrote topk_1, softmax_1, float_2: softmax+topk(k=4) -> topk(logits) (dim=1, logits=linear_3, values=probs from exp-sum)
+  rewrote topk, softmax, float_1: softmax+topk(k=4) -> topk(logits) (dim=1, logits=linear_1, values=probs from exp-sum, torch form: no kernel for torch.float32 k=4 on cpu (needs CUDA, Triton, k <= 16))
+  rewrote topk_1, softmax_1, float_2: softmax+topk(k=4) -> topk(logits) (dim=1, logits=linear_3, values=probs from exp-sum, torch form: no kernel for torch.float32 k=4 on cpu (needs CUDA, Triton, k <= 16))
 --- before
 +++ after
 @@ -15,7 +15,12 @@
