@@ -129,6 +129,8 @@ def demo(device: str = "cpu", batch: int = 1, rounds: int = 50) -> None:
 def explain_file(path: str, argv: list[str]) -> None:
     """Print `explain` of the draft that `path`'s `explain_target(argv)` returns."""
     file = Path(path).resolve()
+    if not file.is_file():
+        raise SystemExit(f"{path}: no such file")
     sys.path.insert(0, str(file.parent))  # as when the file runs as a script: its sibling modules import
     spec = importlib.util.spec_from_file_location(file.stem, file)
     module = importlib.util.module_from_spec(spec)
