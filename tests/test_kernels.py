@@ -178,6 +178,8 @@ def test_cuda_kernels_match_reference(dtype_name, k):
     g = torch.Generator(device="cuda").manual_seed(k)
     sizes = [(b, v) for v in (32000, 128256, 151936, 262144) for b in (1, 8, 64, 256)] + [(3, 7), (5, 1000003)]
     for batch, vocab in sizes:
+        if vocab < k:
+            continue
         x = (torch.randn(batch, vocab, device="cuda", generator=g) * 4).to(dtype)
         for log in (False, True):
             if k == 1:

@@ -2,15 +2,16 @@
 [rows, vocab] logits tensor, with softmax probabilities, in one pass over the logits.
 
 Stage 1 splits each row into chunks, one program per (row, chunk), so that a small batch still fills
-the GPU. A program walks its chunk tile by tile keeping three things:
+the GPU. A program walks its chunk tile by tile keeping two things:
   - the running max m and the running sum s of exp(x - m), rescaled when m grows (online softmax);
   - its k best elements as packed int64 keys (order key of the value in the high word, the inverted
     index in the low word), so one integer max picks the larger value and, on ties, the lower index.
 Most tiles only update (m, s): a tile is searched for candidates only when its max beats the k-th key
 kept so far, or when it holds a NaN (its exp-sum is NaN). For k > 1 the programs of a row also share
 that bound through an int64 per row (atomic max): a key below any program's k-th key can't be in the
-row's top k, so each program skips what the others have already beaten. On real logits few tiles are
-searched; on adversarial rows (ascending values) every tile is, which stays correct but is slower.
+row's top k, so each program skips what the others have already beaten. How many tiles are searched
+depends on the data: a program's first tile always, few after it when the large logits are scattered,
+every tile on ascending rows (still correct, slower).
 Stage 2, one program per row, merges the chunks' (m, s) and keys and writes index and probability.
 
 Order and special values follow torch: NaN is above +inf (torch.argmax and torch.sort put it first),
@@ -31,8 +32,8 @@ _LOG2E = tl.constexpr(1.4426950408889634)
 
 # Elements per tile and warps per program, by element size. One warp per program: every reduction
 # is a few shuffles, with no shared memory or barrier on the per-tile critical path (four-warp
-# programs spent most of a tile waiting on those). 32 elements per thread: four 16-byte loads per
-# tile for half types, eight for fp32, with the next tile's loads in flight during the reductions.
+# programs of 2048 were 1.5x slower on an H200, notes/kernels.md). 32 elements per thread: four
+# 16-byte loads per tile for half types, eight for fp32, the next tile's in flight during reductions.
 _TILE_CONFIG = {2: (1024, 1), 4: (1024, 1)}
 # stage-1 programs aimed for per SM: 16 one-warp programs fit beside each other (registers allow ~24)
 _PROGRAMS_PER_SM = 16
@@ -106,7 +107,7 @@ def _reduce_tile(
                 best = tl.max(cand, 0)
             # Publish this program's k-th key, the row's k-th key is at least that, and take back
             # the largest any program of the row has published. Any value seen is a valid bound,
-            # stale or not, so no ordering is needed.
+            # stale or not, so no ordering is needed. (k = 1 shares nothing: its own key suffices.)
             bound = tl.maximum(tl.atomic_max(bound_ptr, top_min, sem="relaxed"), top_min)
     return new_max, row_sum, top, top_min, bound
 
@@ -128,10 +129,10 @@ def _partials_kernel(
     top = tl.where(slots < K, _EMPTY + slots.to(tl.int64), _NEVER_EVICTED)
     top_min = tl.min(top, 0)
     bound_ptr += row
-    if K == 1:
-        bound = tl.full([], _EMPTY, tl.int64)  # for one key the program's own bound does: no sharing
-    else:
-        bound = tl.load(bound_ptr, volatile=True)  # bounds of programs that ran before this one
+    # The shared bound arrives with the first searched tile (the first tile always is), through the
+    # atomic, whose result Triton broadcasts to all warps. A plain load here would not do: warps
+    # reading at different moments could disagree, then branch apart around block reductions.
+    bound = tl.full([], _EMPTY, tl.int64)
     row_max = tl.full([], float("-inf"), tl.float32)
     row_sum = tl.full([], 0.0, tl.float32)
     # Whole tiles, each tile's load issued one tile ahead so that its DRAM latency overlaps the

@@ -11,7 +11,8 @@ materialising the softmax or sorting the vocabulary.
 
 Both reduce over the last dim and compute probabilities in float32 from the logits (the caller
 casts). A row whose max is NaN or +-inf gets NaN probabilities, as softmax in float32 does; its index
-is torch's (the first NaN, else the first +inf, else the first element). On CUDA with Triton
+is torch's (the first NaN, else the first +inf; 0 for a row of -inf). k must be in 1..vocab
+(ValueError otherwise, where torch.topk raises a RuntimeError). On CUDA with Triton
 installed, fp32/fp16/bf16 logits and k <= 16 run Triton kernels that read the logits once
 (draftfuse/kernels/_triton_selection.py); everything else runs the torch reference below. The ops
 are torch.library custom ops with fake implementations, so Dynamo, Inductor and CUDA graphs treat
