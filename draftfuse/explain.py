@@ -136,9 +136,11 @@ def _break_error(reason: Any) -> DraftCaptureError:
     lines = [line.strip() for line in reason.reason.splitlines() if line.strip()]
     frame = reason.user_stack[-1] if reason.user_stack else None
     where = f"{frame.filename}:{frame.lineno}" if frame else ""
+    if any(read in lines[0] for read in ("item()", "tolist()", "numpy()", "nonzero")):
+        # Not Dynamo's hint (capture_scalar_outputs): a read traced into the graph still syncs with the host.
+        fix = "keep the value on the device (tensor ops, not Python numbers), or read it after the draft returns"
+        return HostSyncError(f"graph break: {lines[0]}", where=where, fix=fix)
     hint = next((line.removeprefix("Hint:").strip() for line in lines if line.startswith("Hint:")), "")
-    if any(f"{name}()" in lines[0] for name in ("item", "tolist", "numpy")):
-        return HostSyncError(f"graph break: {lines[0]}", where=where, fix=hint)
     fix = hint or "keep the draft traceable here: tensor ops instead of Python control flow on tensor values"
     return GraphBreakError(f"graph break: {lines[0]}", where=where, fix=fix)
 

@@ -41,6 +41,8 @@ class TestExplain(TestCase):
         found = [(type(o), o.where) for o in explanation.obstacles]
         self.assertIn((GraphBreakError, f"{here}:{_line_in_draft('if token.sum() > 0')}"), found)
         self.assertIn((HostSyncError, f"{here}:{_line_in_draft('token.max().item()')}"), found)
+        host_sync = next(o for o in explanation.obstacles if isinstance(o, HostSyncError))
+        self.assertNotIn("capture_scalar_outputs", host_sync.fix)  # tracing the read would still sync
         written = [w for g in explanation.graphs for w in g.written_inputs]
         self.assertEqual([(w.name, w.static) for w in written], [("kv", False)])
         self.assertIn("NOT one captured region", str(explanation))
