@@ -7,6 +7,7 @@ Three ways in:
 The passes themselves live in `draftfuse.passes`.
 """
 
+from draftfuse.explain import explain
 from draftfuse.runtime.draft_loop import draft_loop
 from draftfuse.runtime.fold import fold
 from draftfuse.runtime.errors import CudagraphSkipError, DraftCaptureError, GraphBreakError, HostSyncError, RecompileError
@@ -18,6 +19,7 @@ __all__ = [
     "HostSyncError",
     "RecompileError",
     "draft_loop",
+    "explain",
     "fold",
 ]
 __version__ = "0.1.0"
