@@ -53,7 +53,9 @@ def test_one_graph_replay_per_draft_call_and_eager_tokens():
     assert torch.equal(first_tokens, eager_tokens)
     names = [event.name for event in profile.events()]
     assert sum("cudaGraphLaunch" in name for name in names) == 5, sorted(set(names))
-    assert names.count("draftfuse.draft:draft") == 5
+    # one span per call on the host (the profiler mirrors each span on the GPU timeline as well)
+    host_spans = [e for e in profile.events() if e.name == "draftfuse.draft:draft" and e.device_type == torch.autograd.DeviceType.CPU]
+    assert len(host_spans) == 5
     assert counters["inductor"]["cudagraph_skips"] == 0
     assert counters["stats"]["unique_graphs"] == 1 and len(compiled.compiles) == 1
 
