@@ -1,0 +1,292 @@
+"""The benchmark's draft workloads, each built at one batch size, and the four ways each draft is run.
+
+Workloads (the models of examples/, random seeded weights, nothing downloaded), each seed + 3 steps:
+  mtp          frozen-KV MTP drafter (examples/mtp_frozen_kv.py): tokens and their probabilities
+  eagle        EAGLE-style head, greedy chain (examples/eagle_head.py): tokens; writes its KV cache
+  draft_model  independent two-layer draft model (examples/draft_model.py): tokens and their
+               probabilities at temperature 0.7; writes its KV cache, positions advance
+
+Variants: the same draft on the same inputs, four ways.
+  eager                     the draft as written, run eagerly.
+  eager_seed+captured_loop  today's server layout: the seed iteration eager, the recurrent steps compiled
+                            with torch.compile(mode="reduce-overhead") (Inductor, CUDA graph trees).
+                            MTP: the worker's own draft_server_layout. EAGLE and the draft model: the
+                            split written here, whose seed outputs reach the steps' CUDA graph through the
+                            copies into static inputs that graph trees make for every non-static input.
+  hand_fold+hand_argmax     the edit servers make by hand: seed and steps in one function, argmax instead
+                            of softmax + topk(1), and where the draft returns probabilities the max
+                            probability 1 / sum(exp(x - max)) in float32; torch.compile(mode=
+                            "reduce-overhead", fullgraph=True), default backend.
+  draftfuse                 the unedited softmax + topk draft through draftfuse (default options):
+                            draft_loop for the one-function drafts, fold(seed_step, draft_steps) for the
+                            MTP worker, told that seq_lens >= 1 as the MTP example tells it.
+
+Each variant is a factory: calling it makes a fresh compile (nothing runs yet) and returns a call of no
+arguments that runs one draft and returns fresh output tensors (compiled variants clone the graph's
+outputs, which the next replay overwrites, as draft_loop does). Calling a factory again after
+torch._dynamo.reset() gives the warm compile. Compiles are static-shaped (dynamic=False, draft_loop's
+default): one graph per batch size, as CUDA graphs want.
+
+Weights of eagle and draft_model: the LM head is the embedding shifted by one token and the EAGLE head's
+input projection passes the token's embedding through almost unchanged, as in the MTP example, so each
+step's best token leads by a margin far wider than bf16 rounding: equal tokens across variants then test
+the layouts, not luck. Speed does not depend on weight values.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import sys
+from collections.abc import Callable
+from pathlib import Path
+
+import torch
+from torch import nn
+
+# The examples are scripts that import their siblings (_layers, _common) by plain name.
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "examples"))
+
+import draft_model  # noqa: E402
+import eagle_head  # noqa: E402
+import mtp_frozen_kv  # noqa: E402
+from _layers import SIZES as LAYER_SIZES  # noqa: E402
+from _layers import causal_mask  # noqa: E402
+
+from draftfuse.runtime.draft_loop import draft_loop  # noqa: E402
+from draftfuse.runtime.fold import fold  # noqa: E402
+
+VARIANTS = ("eager", "eager_seed+captured_loop", "hand_fold+hand_argmax", "draftfuse")
+STEPS = 3  # recurrent steps after the seed
+TEMPERATURE = 0.7  # the draft model's sampling temperature (its example's default)
+MODE = "reduce-overhead"
+
+Outputs = tuple[torch.Tensor, ...]
+Factory = Callable[[], Callable[[], Outputs]]
+
+
+@dataclasses.dataclass
+class Workload:
+    """One draft at one batch size: its vocabulary and a factory per variant (see the module doc)."""
+
+    vocab: int
+    variants: dict[str, Factory]
+
+
+def _as_tuple(out) -> Outputs:
+    return (out,) if isinstance(out, torch.Tensor) else tuple(out)
+
+
+def _cloned(out) -> Outputs:
+    return tuple(t.clone() for t in _as_tuple(out))
+
+
+def _eager(fn: Callable, *args, **kwargs) -> Factory:
+    return lambda: lambda: _cloned(fn(*args, **kwargs))
+
+
+def _compiled(fn: Callable, *args, **kwargs) -> Factory:
+    def make() -> Callable[[], Outputs]:
+        compiled = torch.compile(fn, mode=MODE, fullgraph=True, dynamic=False)
+        return lambda: _cloned(compiled(*args, **kwargs))
+
+    return make
+
+
+def _draftfuse(fn: Callable, *args, **kwargs) -> Factory:
+    def make() -> Callable[[], Outputs]:
+        compiled = draft_loop(fn)  # clones its outputs itself
+        return lambda: _as_tuple(compiled(*args, **kwargs))
+
+    return make
+
+
+def _argmax_and_prob(logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """argmax over the last dim [..., 1] and softmax(logits).max(-1) [..., 1] without the softmax."""
+    logits = logits.float()
+    prob = 1 / torch.exp(logits - logits.amax(-1, keepdim=True)).sum(-1, keepdim=True)
+    return logits.argmax(-1, keepdim=True), prob
+
+
+@torch.no_grad()
+def _favour_next_token(embed: nn.Embedding, lm_head: nn.Linear) -> None:
+    """LM head row j := embedding row j - 1: a hidden state near token t's embedding scores t + 1 highest."""
+    lm_head.weight.copy_(embed.weight.roll(1, dims=0) * (2.0 / math.sqrt(embed.weight.shape[1])))
+
+
+def _build(make: Callable[[], nn.Module], device: torch.device) -> nn.Module:
+    """make() with seeded random weights, built on the device (float32: the caller casts)."""
+    torch.manual_seed(0)
+    with device:
+        return make()
+
+
+# ---- frozen-KV MTP: the worker of examples/mtp_frozen_kv.py ----
+
+
+def mtp_hand_fold(model, bonus_tokens, hidden_states, keys, values, seq_lens, steps: int = STEPS):
+    """The MTP draft edited by hand: the setup once (position seq_lens - 1, the mask), seed and steps in
+    one loop, argmax and the max probability instead of softmax + topk(1). Same outputs as the worker's."""
+    cos, sin = model.rope(seq_lens - 1)
+    kv_mask = torch.arange(keys.shape[2], device=keys.device)[None, :] < seq_lens[:, None]
+    token, hidden, tokens, probs = bonus_tokens, hidden_states, [], []
+    for _ in range(steps + 1):
+        hidden, logits = model(token, hidden, cos, sin, keys, values, kv_mask)
+        index, prob = _argmax_and_prob(logits)
+        token = index[:, 0]
+        tokens.append(token)
+        probs.append(prob[:, 0])
+    return torch.stack(tokens, dim=1), torch.stack(probs, dim=1)
+
+
+def build_mtp(size: str, batch: int, device: torch.device, dtype: torch.dtype) -> Workload:
+    mtp_size = mtp_frozen_kv.SIZES[size]
+    model = _build(lambda: mtp_frozen_kv.MTPDrafter(mtp_size), device).to(dtype).requires_grad_(False)
+    inputs = mtp_frozen_kv.make_inputs(mtp_size, batch, device, dtype)
+    worker = mtp_frozen_kv.FrozenKVMTPWorker(model, batch)
+
+    def server_layout() -> Callable[[], Outputs]:
+        # A new worker holds a new torch.compile of its steps: a fresh compile on its first draft.
+        layout = mtp_frozen_kv.FrozenKVMTPWorker(model, batch).draft_server_layout
+        return lambda: _as_tuple(layout(*inputs))
+
+    def folded() -> Callable[[], Outputs]:
+        draft = fold(worker.seed_step, worker.draft_steps, value_ranges={"seq_lens": (1, None)})
+        return lambda: _as_tuple(draft(*inputs))
+
+    return Workload(
+        vocab=mtp_size.vocab,
+        variants={
+            "eager": _eager(lambda: worker.draft_steps(*worker.seed_step(*inputs))),
+            "eager_seed+captured_loop": server_layout,
+            "hand_fold+hand_argmax": _compiled(mtp_hand_fold, model, *inputs, steps=mtp_size.steps),
+            "draftfuse": folded,
+        },
+    )
+
+
+# ---- EAGLE-style chain: examples/eagle_head.py's head and draft_chain ----
+
+
+def eagle_seed(head, token, hidden, pos):
+    """The server layout's eager seed: iteration 0 of draft_chain, softmax + topk(1) as written there."""
+    cache_len = head.layer.attn.k_cache.shape[2]
+    logits, hidden = head(token, hidden, pos, pos, causal_mask(cache_len, pos))
+    _, token = torch.softmax(logits[:, -1].float(), dim=-1).topk(1, dim=-1)
+    return token, hidden
+
+
+def eagle_steps(head, token, hidden, pos, steps: int = STEPS):
+    """The server layout's captured steps: iterations 1..steps of draft_chain, fed by the seed."""
+    cache_len = head.layer.attn.k_cache.shape[2]
+    tokens = [token]
+    for _ in range(steps):
+        pos = pos + 1
+        logits, hidden = head(token, hidden, pos, pos, causal_mask(cache_len, pos))
+        _, token = torch.softmax(logits[:, -1].float(), dim=-1).topk(1, dim=-1)
+        tokens.append(token)
+    return torch.cat(tokens, dim=1)
+
+
+def eagle_hand_fold(head, token, hidden, pos, steps: int = STEPS):
+    """draft_chain edited by hand: argmax instead of softmax + topk(1)."""
+    cache_len = head.layer.attn.k_cache.shape[2]
+    tokens = []
+    for _ in range(steps + 1):
+        logits, hidden = head(token, hidden, pos, pos, causal_mask(cache_len, pos))
+        token = logits[:, -1].float().argmax(-1, keepdim=True)
+        tokens.append(token)
+        pos = pos + 1
+    return torch.cat(tokens, dim=1)
+
+
+def build_eagle(size: str, batch: int, device: torch.device, dtype: torch.dtype) -> Workload:
+    cfg = LAYER_SIZES[size]
+    head = _build(lambda: eagle_head.EagleHead(cfg, batch), device)
+    with torch.no_grad():
+        _favour_next_token(head.embed, head.lm_head)
+        head.fc.weight.mul_(0.1)[:, : cfg.dim] += torch.eye(cfg.dim, device=device)  # x ~ the token's embedding
+    head = head.to(dtype).requires_grad_(False)
+    generator = torch.Generator(device).manual_seed(0)
+    token = torch.randint(cfg.vocab, (batch, 1), device=device, generator=generator)
+    hidden = torch.randn(batch, 1, cfg.dim, device=device, generator=generator).to(dtype)
+    pos = torch.tensor([cfg.cache_len // 2], device=device)  # half the head's cache is the prefix
+
+    def server_layout() -> Callable[[], Outputs]:
+        compiled_steps = torch.compile(eagle_steps, mode=MODE, fullgraph=True, dynamic=False)
+        return lambda: _cloned(compiled_steps(head, *eagle_seed(head, token, hidden, pos), pos))
+
+    return Workload(
+        vocab=cfg.vocab,
+        variants={
+            "eager": _eager(eagle_head.draft_chain, head, token, hidden, pos, steps=STEPS),
+            "eager_seed+captured_loop": server_layout,
+            "hand_fold+hand_argmax": _compiled(eagle_hand_fold, head, token, hidden, pos),
+            "draftfuse": _draftfuse(eagle_head.draft_chain, head, token, hidden, pos, steps=STEPS),
+        },
+    )
+
+
+# ---- independent draft model: examples/draft_model.py's model and draft ----
+
+
+def draft_model_seed(model, token, pos, temperature: float = TEMPERATURE):
+    """The server layout's eager seed: iteration 0 of draft_model.draft."""
+    logits = model(token, pos)
+    prob, token = torch.softmax(logits[:, -1].float() / temperature, dim=-1).topk(1, dim=-1)
+    return token, prob
+
+
+def draft_model_steps(model, token, prob, pos, steps: int = STEPS, temperature: float = TEMPERATURE):
+    """The server layout's captured steps: iterations 1..steps of draft_model.draft, fed by the seed."""
+    tokens, token_probs = [token], [prob]
+    for _ in range(steps):
+        pos = pos + 1
+        logits = model(token, pos)
+        prob, token = torch.softmax(logits[:, -1].float() / temperature, dim=-1).topk(1, dim=-1)
+        tokens.append(token)
+        token_probs.append(prob)
+    return torch.cat(tokens, dim=1), torch.cat(token_probs, dim=1)
+
+
+def draft_model_hand_fold(model, token, pos, steps: int = STEPS, temperature: float = TEMPERATURE):
+    """draft_model.draft edited by hand: argmax and the max probability at the temperature."""
+    tokens, token_probs = [], []
+    for _ in range(steps + 1):
+        logits = model(token, pos)
+        token, prob = _argmax_and_prob(logits[:, -1].float() / temperature)
+        tokens.append(token)
+        token_probs.append(prob)
+        pos = pos + 1
+    return torch.cat(tokens, dim=1), torch.cat(token_probs, dim=1)
+
+
+def build_draft_model(size: str, batch: int, device: torch.device, dtype: torch.dtype) -> Workload:
+    cfg = LAYER_SIZES[size]
+    model = _build(lambda: draft_model.DraftModel(cfg, batch), device)
+    _favour_next_token(model.embed, model.lm_head)
+    model = model.to(dtype).requires_grad_(False)
+    generator = torch.Generator(device).manual_seed(0)
+    token = torch.randint(cfg.vocab, (batch, 1), device=device, generator=generator)
+    pos = torch.tensor([cfg.cache_len // 2], device=device)
+
+    def server_layout() -> Callable[[], Outputs]:
+        compiled_steps = torch.compile(draft_model_steps, mode=MODE, fullgraph=True, dynamic=False)
+        return lambda: _cloned(compiled_steps(model, *draft_model_seed(model, token, pos), pos))
+
+    return Workload(
+        vocab=cfg.vocab,
+        variants={
+            "eager": _eager(draft_model.draft, model, token, pos, steps=STEPS, temperature=TEMPERATURE),
+            "eager_seed+captured_loop": server_layout,
+            "hand_fold+hand_argmax": _compiled(draft_model_hand_fold, model, token, pos),
+            "draftfuse": _draftfuse(draft_model.draft, model, token, pos, steps=STEPS, temperature=TEMPERATURE),
+        },
+    )
+
+
+WORKLOADS: dict[str, Callable[[str, int, torch.device, torch.dtype], Workload]] = {
+    "mtp": build_mtp,
+    "eagle": build_eagle,
+    "draft_model": build_draft_model,
+}
