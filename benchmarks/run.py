@@ -336,7 +336,7 @@ def bench_selection_shape(
     calls = {}
     for k in SELECTION_KS:
         for method, variant in _selection_variants(k).items():
-            fn = selection._selection_call(method, k, None)
+            fn = selection.selection_call(method, k, None)
             call = lambda fn=fn: fn(inputs[0])  # noqa: E731
             try:
                 match = _selected_logits_match(inputs[0], call(), k)  # also the warm-up (Triton's JIT)

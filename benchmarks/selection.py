@@ -32,7 +32,7 @@ DTYPES = ("bfloat16", "float32")
 METHODS = ("softmax+topk", "torch", "torch+probs", "draftfuse")
 
 
-def _selection_call(method: str, k: int, tile: dict | None):
+def selection_call(method: str, k: int, tile: dict | None):
     """The function of one logits tensor that `method` times."""
     if method == "softmax+topk":
         return lambda x: torch.topk(torch.softmax(x.float(), dim=-1), k)
@@ -110,7 +110,7 @@ def bench_selection(
                 floor_us = nbytes / bandwidth * 1e6
                 for k in ks:
                     for method in methods:
-                        timing = time_in_graph(_selection_call(method, k, tile), inputs, replays)
+                        timing = time_in_graph(selection_call(method, k, tile), inputs, replays)
                         rows.append({
                             "dtype": dtype_name, "vocab": vocab, "batch": batch, "k": k, "method": method,
                             **timing, "floor_us": floor_us, "bytes": nbytes, "buffers": buffers,
