@@ -708,7 +708,8 @@ def _select_with_kernel(m: _Match, emit: _Emitter, wants_values: bool, probs: Pr
     return index, prob
 
 
-def _apply(m: _Match, emit: _Emitter, probs: Probs, lowering: Lowering) -> Rewrite:
+def _apply(m: _Match, emit: _Emitter, probs: Probs, lowering: Lowering, erased: set[torch.fx.Node]) -> Rewrite:
+    """Rewrite one match in place; the nodes it erases are added to `erased`."""
     sel = m.selection
     graph = sel.node.graph
     getitems = {0: [], 1: []}
@@ -753,8 +754,9 @@ def _apply(m: _Match, emit: _Emitter, probs: Probs, lowering: Lowering) -> Rewri
     # Erase what the rewrite replaced, one node at a time and only once unused: Dynamo graphs are not
     # functional (in-place calls look pure to FX), so graph-wide dead-code elimination is unsafe there.
     for node in [*getitems[0], *getitems[1], *m.matched]:
-        if not node.users and node.op != "placeholder" and node.graph is graph:
+        if not node.users and node.op != "placeholder":
             graph.erase_node(node)
+            erased.add(node)
     counters["draftfuse"][f"{PASS_NAME}.{'k1' if m.k == 1 else 'topk'}"] += 1
     return Rewrite(rule, tuple(n.name for n in m.matched if n.op != "placeholder"), detail)
 
@@ -770,7 +772,7 @@ def _rewrite_graph(graph: torch.fx.Graph, *, probs: Probs, lowering: Lowering, l
     parts_by_softmax: dict[torch.fx.Node, _SoftmaxParts] = {}
     erased: set[torch.fx.Node] = set()
     for node in list(graph.nodes):
-        if node in erased or node.graph is not graph:
+        if node in erased:  # replaced by an earlier rewrite (getitems of a selection, say)
             continue
         sel = _as_selection(node)
         if sel is None:
@@ -791,9 +793,7 @@ def _rewrite_graph(graph: torch.fx.Graph, *, probs: Probs, lowering: Lowering, l
         match.parts = parts_by_softmax[match.softmax_out]
         emit = match.parts.emit
         emit.origin = node
-        names_before = {n for n in graph.nodes}
-        report.rewrites.append(_apply(match, emit, probs, lowering))
-        erased |= names_before - set(graph.nodes)
+        report.rewrites.append(_apply(match, emit, probs, lowering, erased))
     if level == "aten":
         graph.eliminate_dead_code()  # post-grad graphs are functional: safe here, and only here
     if probs == "ones":
