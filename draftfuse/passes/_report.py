@@ -28,9 +28,6 @@ class PassReport:
     refusals: list[Refusal] = dataclasses.field(default_factory=list)
     notes: list[str] = dataclasses.field(default_factory=list)
 
-    def __bool__(self) -> bool:  # "did anything happen"
-        return bool(self.rewrites)
-
     def __str__(self) -> str:
         lines = [f"[{self.pass_name}] {len(self.rewrites)} rewrite(s), {len(self.refusals)} refusal(s)"]
         lines += [f"  rewrote {', '.join(r.nodes)}: {r.rule}" + (f" ({r.detail})" if r.detail else "") for r in self.rewrites]

@@ -27,7 +27,8 @@ into tensors the caller passed in (static buffers, KV caches) are kept: the call
 The opt-in `drop_buffer_writes=True` drops full overwrites, made by the seed, of caller buffers whose
 value the loop reads (the loop reads the source instead): use it only when nothing reads those
 buffers after the draft. No rewrite may make two graph outputs, or an output and an input, share
-memory that they did not share before. Calls the pass does not know (user functions allowed in the
+memory that they did not share before, the seam marker's removal aside: the loop then reads the
+seed's values themselves, as `loop(*seed(...))` does. Calls the pass does not know (user functions allowed in the
 graph, higher-order ops) are assumed to write all their inputs.
 
 The proofs. An integer tensor's elementwise value is written as a sympy expression over symbols for
@@ -40,7 +41,7 @@ dtypes, the ShapeEnv (symbolic sizes, which are int64), producers (`arange`, `to
 indices, `full`) and the caller: `value_ranges={"seq_lens": (1, None)}` declares every element of the
 graph input `seq_lens` to be >= 1 (keys are argument names; `a.b` for attribute `b` of argument `a`).
 A declared range is trusted, not checked. fold() hands its options to the pass inside the marker
-(`seam_facts`); `fold_seed`'s own arguments add to them.
+(`seam_facts`); `fold_seed`'s own arguments add to them (for the same argument, the marker's wins).
 
 Regions. The seed region is everything before the first seam marker. Iterations are counted by
 chains of dependent selections (topk, argmax/argmin, max/min over a dim): each link is one iteration,
@@ -354,8 +355,9 @@ def _selection_depths(graph: torch.fx.Graph, facts: _Facts) -> dict[Node, int]:
     for node in graph.nodes:
         reads = [depth.get(a, 0) for a in node.all_input_nodes]
         reads += [written_depth.get(r, 0) for a in node.all_input_nodes for r in facts.roots.get(a, ())]
-        depth[node] = max(reads, default=0) + _is_selection(node)
-        if _is_selection(node):
+        selects = _is_selection(node)
+        depth[node] = max(reads, default=0) + selects
+        if selects:
             selections[node] = depth[node]
         for target in _written(node) or []:
             for root in facts.roots.get(target, ()):
@@ -628,12 +630,10 @@ def _forward_buffers(
                 user.replace_input_with(buffer, replacement)
         fill.replace_all_uses_with(replacement)
         names = [buffer.name, fill.name]
+        fill_inputs = fill.all_input_nodes  # the buffer, the fill's source and index (an arange, say)
         graph.erase_node(fill)
-        if callers:
-            rule = "write into caller buffer dropped (drop_buffer_writes)"
-        else:
-            rule = "placeholder allocation removed"
-            _erase_dead(graph, [buffer])
+        _erase_dead(graph, fill_inputs)  # a caller's buffer is a placeholder: never erased
+        rule = "write into caller buffer dropped (drop_buffer_writes)" if callers else "placeholder allocation removed"
         report.rewrites.append(Rewrite(rule, tuple(names), f"readers of {buffer.name} read {source.name}"))
         changed = True
     return changed
@@ -992,7 +992,6 @@ def prove_equal(
     """(True, 0) if a == b for all values of their symbols within `ranges`; (False, a - b) if they
     always differ; (None, a - b) if neither is proven. Max/Min/Mod/FloorDiv are first decided by the
     ranges where they can be (Max(s - 1, 0) is s - 1 for s >= 1); what remains must cancel exactly."""
-    ranges = dict(ranges)
     diff = sympy.expand(_decide(a, ranges) - _decide(b, ranges))
     if diff == 0:
         return True, diff

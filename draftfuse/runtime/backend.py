@@ -41,6 +41,7 @@ from __future__ import annotations
 
 import collections
 import dataclasses
+import functools
 import logging
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -51,6 +52,7 @@ from torch._inductor.compile_fx import compile_fx
 from torch._inductor.custom_graph_pass import CustomGraphPass
 
 from draftfuse.passes._report import PassReport
+from draftfuse.passes.seed_fold import fold_seed
 from draftfuse.passes.softmax_topk import SoftmaxTopkPostGradPass, rewrite_softmax_topk
 
 log = logging.getLogger(__name__)
@@ -86,6 +88,11 @@ class CompileRecord:
 compile_records: collections.deque[CompileRecord] = collections.deque(maxlen=32)
 
 
+@functools.cache
+def _inductor_config_names() -> frozenset[str]:
+    return frozenset(torch._inductor.config.get_config_copy())  # a full copy costs ~10 ms: once
+
+
 def split_options(options: dict[str, Any] | None) -> tuple[dict[str, Any], dict[str, Any]]:
     """Split `options` into draftfuse's options (defaults filled in) and Inductor config patches.
 
@@ -93,7 +100,7 @@ def split_options(options: dict[str, Any] | None) -> tuple[dict[str, Any], dict[
     """
     draft_options = dict(DEFAULT_OPTIONS)
     inductor_options: dict[str, Any] = {}
-    known_inductor = torch._inductor.config.get_config_copy()
+    known_inductor = _inductor_config_names()
     for key, value in (options or {}).items():
         if key in DEFAULT_OPTIONS:
             draft_options[key] = value
@@ -159,16 +166,6 @@ def _carry_dynamo_metadata(source: torch.fx.GraphModule, target: torch.fx.GraphM
             new_node._dynamo_source = old_node._dynamo_source
 
 
-def _seed_fold_pass() -> Callable[[torch.fx.GraphModule], Any] | None:
-    # The seed fold is its own module, written separately; without it the backend still runs the
-    # selection rewrite, so a missing module is not an error.
-    try:
-        from draftfuse.passes.seed_fold import fold_seed
-    except ImportError:
-        return None
-    return fold_seed
-
-
 def _readable(gm: torch.fx.GraphModule) -> str:
     return gm.print_readable(print_output=False)
 
@@ -194,9 +191,8 @@ def compile_graph(
 
     reports: list[PassReport] = []
     passes: list[Callable[[torch.fx.GraphModule], Any]] = []
-    seed_fold = _seed_fold_pass() if draft_options["seed_fold"] else None
-    if seed_fold is not None:
-        passes.append(seed_fold)
+    if draft_options["seed_fold"]:
+        passes.append(fold_seed)
     if draft_options["softmax_topk"]:
         passes.append(
             lambda g: rewrite_softmax_topk(g, probs=draft_options["probs"], lowering=draft_options["lowering"])
@@ -205,8 +201,7 @@ def compile_graph(
         result = run_pass(gm)
         _carry_dynamo_metadata(gm, result.graph_module)
         gm = result.graph_module
-        reports.append(result.report)
-        log.info("%s", result.report)
+        reports.append(result.report)  # each pass logs its own report
 
     post_grad_pass = None
     if draft_options["softmax_topk"]:
@@ -220,8 +215,8 @@ def compile_graph(
     log.info("draftfuse: graph handed to Inductor (config %s):\n%s", config_patches, inductor_graph)
     compiled = compile_fx(gm, example_inputs, config_patches=config_patches)
     record = CompileRecord(dynamo_graph, inductor_graph, reports, post_grad_pass, config_patches, draft_options)
-    if post_grad_pass is not None:
-        log.info("%s", post_grad_pass.last_report or "softmax_topk (post-grad): not run, FX graph cache hit")
+    if post_grad_pass is not None and post_grad_pass.last_report is None:  # it logs its report when it runs
+        log.info("softmax_topk (post-grad): not run, FX graph cache hit")
     compile_records.append(record)
     return compiled, record
 
