@@ -94,7 +94,7 @@ def demo(device: str = "cpu", batch: int = 1, rounds: int = 50) -> None:
     drafts = {
         "eager": _draft,
         "Inductor": torch.compile(_draft, mode="reduce-overhead", fullgraph=True),
-        "draftfuse": torch.compile(_draft, backend="draftfuse", mode="reduce-overhead", fullgraph=True),
+        "draftfuse": torch.compile(_draft, backend=(recording := backend.Backend()), mode="reduce-overhead", fullgraph=True),
     }
     tokens = {}
     for name, draft in drafts.items():
@@ -104,11 +104,9 @@ def demo(device: str = "cpu", batch: int = 1, rounds: int = 50) -> None:
             print(f"compiled with {name} in {time.perf_counter() - start:.1f} s")
 
     print("\nwhat draftfuse did to the draft's Dynamo graph:")
-    record = backend.compile_records[-1]
-    for report in record.reports:
-        print(report)
-    if record.post_grad_report is not None:  # None when Inductor's FX graph cache hit: the pass did not run
-        print(f"and to Inductor's graph after decomposition:\n{record.post_grad_report}")
+    (record,) = recording.compiles
+    for report in record.reports:  # post-grad ones only when Inductor's FX graph cache missed (the passes ran)
+        print(report.format())
 
     same = all(torch.equal(tokens["eager"], t) for t in tokens.values())
     verdict = "identical" if same else "DIFFERENT"

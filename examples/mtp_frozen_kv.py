@@ -247,6 +247,8 @@ def compare_layouts(
             "tokens_match": torch.equal(server_tokens, folded_tokens),
             "max_prob_diff": (server_probs - folded_probs).abs().max().item(),
             "seed_fold_report": folded.draft.compiles[-1].reports[0],
+            # setup merging runs on Inductor's post-grad graph; absent on an FX graph cache hit
+            "merge_report": next((r for r in folded.draft.compiles[-1].reports if r.pass_name == "merge_setup"), None),
         }
         calls = {name: (lambda draft=draft: draft(*inputs)) for name, draft in layouts.items()}
         if rounds > 0:
@@ -264,6 +266,10 @@ def _print(result: dict, size_name: str, dtype: torch.dtype, device: torch.devic
           f"probabilities differ by at most {result['max_prob_diff']:.3g}")
     report = result["seed_fold_report"]
     print(f"  seed fold: {len(report.rewrites)} rewrites, {len(report.refusals)} refusals")
+    merged = result["merge_report"]
+    if merged is not None:
+        proven = [r.detail for r in merged.rewrites if r.rule == "setup merged (proven equal)"]
+        print(f"  setup merged: {sum(len(r.nodes) for r in merged.rewrites)} computations" + (f"; proven: {'; '.join(proven)}" if proven else ""))
     if "ms_per_draft" in result:
         times = " | ".join(f"{name} {ms * 1e3:.1f} us" for name, ms in result["ms_per_draft"].items())
         print(f"  time per draft (median of {rounds}, alternating): {times}")

@@ -8,6 +8,10 @@ from hypothesis import settings
 settings.register_profile("draftfuse", max_examples=int(os.environ.get("DRAFTFUSE_HYPOTHESIS_EXAMPLES", "40")), deadline=None)
 settings.load_profile("draftfuse")
 
+# Tests read the post-grad passes' reports, which Inductor's FX graph cache skips on a hit (the cached
+# code is the one the passes produced): compile afresh unless a test asks for the cache.
+torch._inductor.config.fx_graph_cache = False
+
 
 def pytest_collection_modifyitems(config, items):
     if torch.cuda.is_available():

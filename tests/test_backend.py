@@ -16,8 +16,9 @@ import torch._dynamo
 from torch._inductor.custom_graph_pass import CustomGraphPass
 from torch._inductor.utils import run_and_get_code
 
-from draftfuse.passes.softmax_topk import SoftmaxTopkPostGradPass
-from draftfuse.runtime import backend
+from draftfuse.options import Options
+from draftfuse.passes.post_grad import PostGradPass
+from draftfuse.runtime import backend, pipeline
 
 
 def _pick(x):
@@ -40,58 +41,63 @@ def inductor_calls(monkeypatch):
         calls.append((gm, config_patches))
         return gm.forward
 
-    monkeypatch.setattr(backend, "compile_fx", spy)
+    monkeypatch.setattr(pipeline, "compile_fx", spy)
     return calls
 
 
 def test_mode_reaches_inductor(inductor_calls):
     x = torch.randn(4, 16)
-    out = torch.compile(_pick, backend="draftfuse", mode="reduce-overhead", fullgraph=True)(x)
+    recording = backend.Backend()
+    out = torch.compile(_pick, backend=recording, mode="reduce-overhead", fullgraph=True)(x)
     assert torch.equal(out, _pick(x))
     (gm, patches), = inductor_calls
     assert patches["triton.cudagraphs"] is True  # what list_mode_options("reduce-overhead") sets
     post_grad = patches["post_grad_custom_pre_pass"]
-    assert isinstance(post_grad, SoftmaxTopkPostGradPass) and post_grad.probs == "exact"
+    assert isinstance(post_grad, PostGradPass) and post_grad.options.probs == "exact"
     # the Dynamo-level rewrite ran before Inductor: no softmax, no topk left
     assert "topk" not in gm.code and "softmax" not in gm.code and "argmax" in gm.code
-    record = backend.compile_records[-1]
+    (record,) = recording.compiles
     assert record.config_patches is patches
     assert [r.pass_name for r in record.reports][-1] == "softmax_topk" and record.reports[-1].rewrites
 
 
 def test_options_split_between_draftfuse_and_inductor(inductor_calls):
     options = {"probs": "ones", "triton.cudagraphs": True, "coordinate-descent-tuning": True}
-    torch.compile(_pick, backend="draftfuse", options=options, fullgraph=True)(torch.randn(4, 16))
+    recording = backend.Backend()
+    torch.compile(_pick, backend=recording, options=options, fullgraph=True)(torch.randn(4, 16))
     (_, patches), = inductor_calls
     assert patches["triton.cudagraphs"] is True and patches["coordinate_descent_tuning"] is True
-    assert "probs" not in patches and patches["post_grad_custom_pre_pass"].probs == "ones"
-    assert backend.compile_records[-1].draft_options["probs"] == "ones"
+    assert "probs" not in patches and patches["post_grad_custom_pre_pass"].options.probs == "ones"
+    assert recording.compiles[-1].options.probs == "ones"
 
 
 def test_softmax_topk_off_leaves_the_graph(inductor_calls):
-    torch.compile(_pick, backend="draftfuse", options={"softmax_topk": False}, fullgraph=True)(torch.randn(4, 16))
+    options = {"softmax_topk": False, "seed_fold": False}
+    torch.compile(_pick, backend="draftfuse", options=options, fullgraph=True)(torch.randn(4, 16))
     (gm, patches), = inductor_calls
     assert "topk" in gm.code and "post_grad_custom_pre_pass" not in patches
 
 
 def test_seed_fold_runs_first_unless_turned_off(inductor_calls):
-    pytest.importorskip("draftfuse.passes.seed_fold")
-    torch.compile(_pick, backend="draftfuse", fullgraph=True)(torch.randn(4, 16))
-    assert [r.pass_name for r in backend.compile_records[-1].reports] == ["seed_fold", "softmax_topk"]
+    recording = backend.Backend()
+    torch.compile(_pick, backend=recording, fullgraph=True)(torch.randn(4, 16))
+    assert [r.pass_name for r in recording.compiles[-1].reports] == ["seed_fold", "softmax_topk"]
     torch._dynamo.reset()
-    torch.compile(_pick, backend="draftfuse", options={"seed_fold": False}, fullgraph=True)(torch.randn(4, 16))
-    assert [r.pass_name for r in backend.compile_records[-1].reports] == ["softmax_topk"]
+    torch.compile(_pick, backend=recording, options={"seed_fold": False}, fullgraph=True)(torch.randn(4, 16))
+    assert [r.pass_name for r in recording.compiles[-1].reports] == ["softmax_topk"]
 
 
 def test_bad_options_raise():
     with pytest.raises(ValueError, match="unknown option 'prob'.*Inductor config name"):
-        backend.split_options({"prob": "ones"})
+        Options.parse(options={"prob": "ones"})
     with pytest.raises(ValueError, match="'probs' must be one of"):
-        backend.split_options({"probs": "one"})
-    with pytest.raises(ValueError, match="'seed_fold' must be True or False"):
-        backend.split_options({"seed_fold": "no"})
-    draft_options, inductor_options = backend.split_options({"lowering": "kernels", "max-autotune": True})
-    assert draft_options["lowering"] == "kernels" and inductor_options == {"max_autotune": True}
+        Options.parse(options={"probs": "one"})
+    with pytest.raises(ValueError, match="'seed_fold' must be one of"):
+        Options.parse(options={"seed_fold": "no"})
+    with pytest.raises(ValueError, match="'half_probs' must be one of"):
+        Options.parse(options={"half_probs": "drop"})
+    parsed = Options.parse("reduce-overhead", {"lowering": "kernels", "max-autotune": True})
+    assert parsed.lowering == "kernels" and parsed.inductor == {"triton.cudagraphs": True, "max_autotune": True}
 
 
 def test_rewritten_graph_keeps_dynamo_metadata(inductor_calls):
@@ -125,13 +131,14 @@ def test_user_post_grad_pass_is_chained_with_ours():
     user_pass = _CountingPass()
     x = torch.randn(4, 16)
     options = {"post_grad_custom_pre_pass": user_pass, "fx_graph_cache": False}  # no cache: passes must run
-    out = torch.compile(_pick, backend="draftfuse", options=options, fullgraph=True)(x)
+    recording = backend.Backend()
+    out = torch.compile(_pick, backend=recording, options=options, fullgraph=True)(x)
     assert torch.equal(out, _pick(x))
-    record = backend.compile_records[-1]
+    (record,) = recording.compiles
     chained = record.config_patches["post_grad_custom_pre_pass"]
-    assert user_pass.calls == 1 and record.post_grad_report is not None
-    assert chained.uuid() == ("counting-pass", record.post_grad_pass.uuid())
-    assert backend._PostGradPasses(lambda graph: None, record.post_grad_pass).uuid() is None  # no uuid: no cache
+    assert user_pass.calls == 1 and record.post_grad is chained and chained.reports
+    assert chained.uuid()[-1] == "counting-pass"
+    assert PostGradPass(Options(), user_pass=lambda graph: None).uuid() is None  # no uuid: no cache
 
 
 def test_generated_code_has_no_topk():
@@ -179,5 +186,5 @@ def test_torch_logs_draftfuse_shows_graphs_and_reports():
     done = _run_pick_script({**os.environ, "TORCH_LOGS": "draftfuse"})
     assert "equal: True" in done.stdout
     assert "draftfuse: Dynamo graph" in done.stderr  # the backend's logger
-    assert "[softmax_topk] 1 rewrite(s)" in done.stderr  # a pass report
+    assert "[softmax_topk] 1 rewrite," in done.stderr  # a pass report
     assert "draftfuse: graph handed to Inductor" in done.stderr

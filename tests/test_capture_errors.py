@@ -14,7 +14,7 @@ import pytest
 import torch
 import torch._dynamo
 
-import draftfuse.runtime.capture as capture
+from draftfuse.runtime import translate
 from draftfuse.runtime.draft_loop import draft_loop
 from draftfuse.runtime.errors import (
     CudagraphSkipError,
@@ -111,9 +111,9 @@ def test_host_read_graph_breaks_of_older_torch_are_host_syncs():
         "Dynamic shape operator\n  Explanation: Operator `aten.nonzero.default`'s output shape depends on input data."
     )
     other = torch._dynamo.exc.Unsupported("Failed to trace builtin operator\n  Explanation: print")
-    assert isinstance(capture.capture_error(item), HostSyncError)
-    assert isinstance(capture.capture_error(nonzero), HostSyncError)
-    assert type(capture.capture_error(other)) is GraphBreakError
+    assert isinstance(translate.from_exception(item), HostSyncError)
+    assert isinstance(translate.from_exception(nonzero), HostSyncError)
+    assert type(translate.from_exception(other)) is GraphBreakError
 
 
 # ---- CUDA-graph skips ------------------------------------------------------------------------------
@@ -162,10 +162,10 @@ def test_dynamic_shape_raises_unless_asked_for():
 
 def test_inductor_skip_message_is_translated():
     message = 'skipping cudagraphs due to mutated inputs (1 instances). Found from : \n   File "/w/d.py", line 12, in f\n    c.add_(1)'
-    error = capture.capture_error(RuntimeError(message))
+    error = translate.from_exception(RuntimeError(message))
     assert isinstance(error, CudagraphSkipError)
     assert error.where == "/w/d.py:12" and "mutated inputs (1 instances)" in error.cause
-    assert capture.capture_error(RuntimeError("unrelated")) is None
+    assert translate.from_exception(RuntimeError("unrelated")) is None
 
 
 # ---- recompiles ------------------------------------------------------------------------------------
@@ -184,13 +184,26 @@ def test_recompile_past_the_limit_says_what_changed():
     with pytest.raises(RecompileError) as info:
         draft(torch.randn(4), 2)  # <- recompile
     assert info.value.where == _line("recompile")
-    assert "steps: 1 -> 2" in info.value.cause
+    assert "steps: 2, was 1" in info.value.cause
 
 
-def test_torch_recompile_limit_is_a_recompile_error():
-    draft = draft_loop(_steps, max_compiles=100)
-    with torch._dynamo.config.patch(recompile_limit=1):
-        draft(torch.randn(4), 1)
+def test_max_compiles_governs_above_torchs_recompile_limit():
+    # A server captures one graph per padded batch size: more than torch's limit (8 by default).
+    draft = draft_loop(_steps, max_compiles=12)
+    with torch._dynamo.config.patch(recompile_limit=2):
+        for batch in range(1, 13):
+            draft(torch.randn(batch), 1)
+        assert torch._dynamo.config.recompile_limit == 2  # raised only while the draft compiled
         with pytest.raises(RecompileError) as info:
-            draft(torch.randn(4), 2)  # <- torch limit
-    assert info.value.where == _line("torch limit")
+            draft(torch.randn(13), 1)  # <- thirteenth
+    assert info.value.where == _line("thirteenth")
+    assert "x: float32 of shape (13,) on cpu, was float32 of shape (12,) on cpu" in info.value.cause
+
+
+def test_each_draft_has_its_own_compile_budget():
+    # Two drafts of one function (two worker instances, say) do not share Dynamo's cache or its limit.
+    first, second = draft_loop(_steps, max_compiles=1), draft_loop(_steps, max_compiles=1)
+    with torch._dynamo.config.patch(recompile_limit=1):
+        first(torch.randn(4), 1)
+        second(torch.randn(4), 2)  # another Python value: its own first compile
+        assert torch.equal(second(torch.ones(4), 2), torch.full((4,), 4.0))

@@ -126,6 +126,6 @@ def test_bare_and_with_arguments():
     configured = draft_loop(mode="default", options={"probs": "ones"}, max_compiles=2)(draft)
     assert isinstance(bare, DraftLoop) and isinstance(configured, DraftLoop)
     assert bare.__name__ == "draft" and bare.__wrapped__ is draft
-    assert configured._settings["mode"] == "default"
+    assert configured._options.mode == "default" and configured._options.probs == "ones"
     with pytest.raises(ValueError, match="unknown option 'prob'"):
         draft_loop(options={"prob": "ones"})(draft)  # at decoration, not at the first call

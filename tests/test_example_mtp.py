@@ -31,8 +31,11 @@ def test_folded_draft_matches_the_server_layout():
     report = result["seed_fold_report"]
     rules = [r.rule for r in report.rewrites]
     removed = ["seam marker removed", "host round trip removed", "placeholder allocation removed"]
-    assert set(removed + ["setup merged (proven equal)"]) <= set(rules)
+    assert set(removed) <= set(rules)
     assert report.refusals == []
+    merged = result["merge_report"]  # the tests compile without the FX graph cache: the post-grad passes ran
+    assert "setup merged (proven equal)" in [r.rule for r in merged.rewrites], str(merged)
+    assert merged.refusals == [], str(merged)
     assert "graph_replays_per_draft" not in result  # counted on CUDA only
 
 

@@ -9,21 +9,26 @@ from expecttest import TestCase
 from torch._inductor import config as inductor_config
 from torch._inductor.utils import run_and_get_code
 
-from draftfuse.passes.softmax_topk import SoftmaxTopkPostGradPass
+from draftfuse.options import Options
+from draftfuse.passes.post_grad import PostGradPass
 from tests._graphs import fx_graph_text
 
 
-class _Recording(SoftmaxTopkPostGradPass):
-    """The pass, keeping the post-grad graph's text before and after it ran."""
+class _Recording(PostGradPass):
+    """The softmax -> topk pass alone (no setup merging), keeping the graph's text before and after it ran."""
 
     def __call__(self, graph):
         self.before = fx_graph_text(graph)
         super().__call__(graph)
         self.after = fx_graph_text(graph)
 
+    @property
+    def last_report(self):
+        return self.reports[-1]
+
 
 def compile_with_pass(fn, *args, **options):
-    recording = _Recording(**options)
+    recording = _Recording(Options.parse(options={"seed_fold": False, "lowering": "torch", **options}))
     torch._dynamo.reset()
     with inductor_config.patch(post_grad_custom_pre_pass=recording, fx_graph_cache=False):
         out = torch.compile(fn, fullgraph=True)(*args)
@@ -44,7 +49,8 @@ class AtenRewrites(TestCase):
             return v, i, m.values, m.indices, a, w, j
 
         rec = compile_with_pass(f, torch.randn(4, 64))
-        self.assertEqual(len(rec.last_report.rewrites), 4, str(rec.last_report))
+        self.assertEqual(len(rec.last_report.rewrites), 3, str(rec.last_report))  # argmin: refused
+        self.assertIn("smallest-probability", rec.last_report.refusals[0].reason)
         self.assertExpectedInline(rec.before, """\
 class GraphModule(torch.nn.Module):
     def forward(self, arg0_1: "f32[4, 64]"):
@@ -75,7 +81,8 @@ class GraphModule(torch.nn.Module):
         amax: "f32[4, 1]" = torch.ops.aten.amax.default(arg0_1, [-1], True)
         sub: "f32[4, 64]" = torch.ops.aten.sub.Tensor(arg0_1, amax);  amax = None
         exp: "f32[4, 64]" = torch.ops.aten.exp.default(sub)
-        sum_1: "f32[4, 1]" = torch.ops.aten.sum.dim_IntList(exp, [-1], True);  exp = None
+        sum_1: "f32[4, 1]" = torch.ops.aten.sum.dim_IntList(exp, [-1], True)
+        div: "f32[4, 64]" = torch.ops.aten.div.Tensor(exp, sum_1);  exp = None
 
         argmax_default: "i64[4, 1]" = torch.ops.aten.argmax.default(arg0_1, 1, True)
         reciprocal_default: "f32[4, 1]" = torch.ops.aten.reciprocal.default(sum_1)
@@ -84,14 +91,14 @@ class GraphModule(torch.nn.Module):
         reciprocal_default_1: "f32[4, 1]" = torch.ops.aten.reciprocal.default(sum_1)
         squeeze_dim: "f32[4]" = torch.ops.aten.squeeze.dim(reciprocal_default_1, 1);  reciprocal_default_1 = None
 
-        topk_default = torch.ops.aten.topk.default(arg0_1, 4, 1, True, True)
+        topk_default = torch.ops.aten.topk.default(arg0_1, 4, 1, True, True);  arg0_1 = None
         getitem_6: "i64[4, 4]" = topk_default[1];  topk_default = None
         gather_default: "f32[4, 4]" = torch.ops.aten.gather.default(sub, 1, getitem_6);  sub = None
         exp_default: "f32[4, 4]" = torch.ops.aten.exp.default(gather_default);  gather_default = None
         div_tensor: "f32[4, 4]" = torch.ops.aten.div.Tensor(exp_default, sum_1);  exp_default = sum_1 = None
 
-        argmin_default: "i64[4]" = torch.ops.aten.argmin.default(arg0_1, 1, False);  arg0_1 = None
-        return (reciprocal_default, argmax_default, squeeze_dim, argmax_default_1, argmin_default, div_tensor, getitem_6)
+        argmin: "i64[4]" = torch.ops.aten.argmin.default(div, -1);  div = None
+        return (reciprocal_default, argmax_default, squeeze_dim, argmax_default_1, argmin, div_tensor, getitem_6)
 """)
 
     def test_bf16_temperature_and_log_softmax(self):
@@ -263,7 +270,7 @@ class AtenKernelLowering(TestCase):
             return p.max(-1), p.topk(4)
 
         x = torch.randn(4, 64, dtype=torch.bfloat16)
-        recording = _Recording(lowering="kernels")
+        recording = _Recording(Options.parse(options={"seed_fold": False, "lowering": "kernels"}))
         torch._dynamo.reset()
         with inductor_config.patch(post_grad_custom_pre_pass=recording, fx_graph_cache=False):
             got, (code,) = run_and_get_code(torch.compile(f, fullgraph=True), x)
@@ -285,3 +292,41 @@ class GraphModule(torch.nn.Module):
         convert_element_type_default_1: "bf16[4, 4]" = torch.ops.prims.convert_element_type.default(getitem_7, torch.bfloat16);  getitem_7 = None
         return (convert_element_type_default, getitem_4, convert_element_type_default_1, getitem_6)
 """)
+
+
+class AtenRecognisers(TestCase):
+    """Decomposed forms that look like a softmax but are not one: refused (or not matched), and the
+    compiled result equals eager. Shapes are square so that a wrong broadcast would still run."""
+
+    def check_not_rewritten(self, fn, *args):
+        rec = compile_with_pass(fn, *args)
+        self.assertEqual(rec.last_report.rewrites, [], str(rec.last_report))
+        return rec.last_report
+
+    def test_max_without_keepdim_is_no_softmax(self):
+        def f(x):
+            e = torch.exp(x - torch.amax(x, -1))  # broadcasts the row maxima along the rows: not a softmax
+            return (e / e.sum(-1, keepdim=True)).argmax(-1)
+
+        report = self.check_not_rewritten(f, torch.randn(6, 6))
+        self.assertTrue(any("keepdim" in r.reason for r in report.refusals), str(report))
+
+    def test_where_branches_with_different_temperatures_are_no_softmax(self):
+        def f(x, keep):
+            a = (x - x.amax(-1, keepdim=True)) / 0.5
+            s = x / 2.0
+            b = s - s.amax(-1, keepdim=True)
+            e = torch.exp(torch.where(keep, a, b))
+            return (e / e.sum(-1, keepdim=True)).argmax(-1)
+
+        report = self.check_not_rewritten(f, torch.randn(6, 6), torch.rand(6, 1) > 0.5)
+        self.assertTrue(any("scale the logits differently" in r.reason for r in report.refusals), str(report))
+
+    def test_zero_dim_softmax_and_amax_without_dim_do_not_crash(self):
+        def f(x, y):
+            p = torch.softmax(x, 0)  # 0-d
+            e = torch.exp(y - torch.amax(y))  # amax over everything
+            q = e / e.sum(-1, keepdim=True)
+            return p, q.argmax(-1)
+
+        self.check_not_rewritten(f, torch.tensor(1.5), torch.randn(6, 6))

@@ -8,9 +8,14 @@ from torch._dynamo.utils import counters
 from torch._inductor import config as inductor_config
 from torch._inductor.utils import run_and_get_code
 
-from draftfuse.passes.softmax_topk import SoftmaxTopkPostGradPass
+from draftfuse.options import Options
+from draftfuse.passes.post_grad import PostGradPass
 
 ROWS, VOCAB = 4, 320
+
+
+def softmax_pass(**options) -> PostGradPass:
+    return PostGradPass(Options.parse(options={"seed_fold": False, "lowering": "torch", **options}))
 
 
 def greedy_pick(logits):
@@ -32,21 +37,30 @@ def _assert_rewritten(code: str):
 def test_second_compile_hits_the_cache_and_keeps_the_rewrite(tmp_path, monkeypatch):
     monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path))
     counters.clear()
-    _, (first_code,) = _compile_and_code(first := SoftmaxTopkPostGradPass())
-    assert first.last_report is not None and len(first.last_report.rewrites) == 1
+    _, (first_code,) = _compile_and_code(first := softmax_pass())
+    assert len(first.reports) == 1 and len(first.reports[0].rewrites) == 1
     assert counters["inductor"]["fxgraph_cache_miss"] == 1
     _assert_rewritten(first_code)
 
-    _, (second_code,) = _compile_and_code(second := SoftmaxTopkPostGradPass())
+    _, (second_code,) = _compile_and_code(second := softmax_pass())
     assert counters["inductor"]["fxgraph_cache_hit"] == 1
-    assert second.last_report is None  # a cache hit does not run the pass: the code is the cached one
+    assert second.reports == []  # a cache hit does not run the pass: the code is the cached one
     _assert_rewritten(second_code)
 
 
 def test_uuid_covers_every_option():
-    assert SoftmaxTopkPostGradPass().uuid() == SoftmaxTopkPostGradPass().uuid()
-    assert SoftmaxTopkPostGradPass(probs="ones").uuid() != SoftmaxTopkPostGradPass().uuid()
-    assert SoftmaxTopkPostGradPass(lowering="auto").uuid() != SoftmaxTopkPostGradPass().uuid()
+    assert softmax_pass().uuid() == softmax_pass().uuid()
+    for key, value in [("probs", "ones"), ("lowering", "auto"), ("half_probs", "keep"), ("seed_fold", True)]:
+        assert softmax_pass(**{key: value}).uuid() != softmax_pass().uuid(), key
+
+
+def test_uuid_covers_every_file_that_decides_a_rewrite():
+    from draftfuse.passes import post_grad
+
+    post_grad.source_hash.cache_clear()
+    files = post_grad._source_files()
+    names = {f.split("draftfuse/")[-1] for f in files}
+    assert {"kernels/selection.py", "options.py", "graph/effects.py", "passes/softmax_topk/match.py", "passes/prove.py"} <= names
 
 
 def test_without_the_pass_the_code_keeps_topk(tmp_path, monkeypatch):

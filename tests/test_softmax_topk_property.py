@@ -2,7 +2,7 @@
 
 Generated: shape and rank, dim (negative or positive), k, largest, keepdim, dtype, an upcast before the
 softmax, a positive temperature (multiplied or divided), log_softmax, a cast after the softmax, and an
-extra user of the softmax. The oracle is the original graph run eagerly: indices pick the same
+extra user of the softmax. Smallest-probability selections must be refused. The oracle is the original graph run eagerly: indices pick the same
 probabilities (equal, or tied there: the documented rounding case), values agree to a few ulps.
 """
 
@@ -61,6 +61,10 @@ def test_rewritten_graph_computes_what_the_original_computes(case):
     fn = build(case)
     probs, want_values, want_index, *extra = fn(x)
     result = rewrite_softmax_topk(dynamo_graph(lambda x: fn(x)[1:], x))
+    if case["kind"] in ("min", "argmin") or (case["kind"] == "topk" and not case["largest"]):
+        # smallest-probability selections are refused: probabilities that underflow to 0 tie there
+        assert not result.report.rewrites and "smallest" in result.report.refusals[0].reason, str(result.report)
+        return
     assert len(result.report.rewrites) == 1 and not result.report.refusals, str(result.report)
     got_values, got_index, *got_extra = result.graph_module(x)
     dim = case["dim"] % len(case["shape"])

@@ -1,9 +1,11 @@
-"""The seed fold's proofs: setup the two sides compute differently is merged only when sympy proves it
-equal for every value the ranges allow; unequal or unprovable setup is kept, and the report says why.
+"""Setup merging's proofs (draftfuse.passes.prove, run on the post-grad graph): setup the two sides
+compute differently is merged only when sympy proves it equal for every value the ranges allow;
+unequal or unprovable setup is kept, and the report says why.
 
-First `prove_equal` on expressions, then the same questions asked through graphs: ranges the caller
-declares, ranges producers imply (arange, topk indices), ranges the ShapeEnv knows (symbolic sizes),
-and wrap-around of narrow integer dtypes.
+First `prove_equal` on expressions, then the same questions asked through graphs (the whole pipeline
+without code generation, draftfuse.testing.draft_graphs): ranges the caller declares, ranges producers
+imply (arange, topk indices), ranges the ShapeEnv knows (symbolic sizes), and wrap-around of narrow
+integer dtypes.
 """
 
 import re
@@ -16,8 +18,9 @@ from hypothesis import strategies as st
 from torch.utils._sympy.functions import FloorDiv, Max, Min, PythonMod
 from torch.utils._sympy.value_ranges import ValueRanges
 
-from draftfuse.passes.seed_fold import fold_seed, prove_equal
-from tests.test_seed_fold import capture, composed
+from draftfuse.passes.prove import prove_equal
+from draftfuse.testing import draft_graphs
+from tests.test_seed_fold import composed
 
 s, t = sympy.symbols("s t", integer=True)
 INT64 = ValueRanges(-(2**63), 2**63 - 1)
@@ -29,7 +32,7 @@ INT64 = ValueRanges(-(2**63), 2**63 - 1)
         # clamp(seq_lens - 1, min=0) against seq_lens - 1
         (Max(s - 1, 0), s - 1, {s: ValueRanges(1, 2**63 - 1)}, True),
         (Max(s - 1, 0), s - 1, {s: INT64}, None),  # seq_lens could be 0 or negative
-        (Max(s - 1, 0), s - 1, {s: ValueRanges(-5, -1)}, False),  # always clamped: differs by 1 - s
+        (Max(s - 1, 0), s - 1, {s: ValueRanges(-5, -1)}, None),  # always clamped: differs by 1 - s, not a constant
         (s - 1, s - 2, {s: INT64}, False),
         (Max(s, t), Max(t, s), {s: INT64, t: INT64}, True),
         (Min(s, 10), s, {s: ValueRanges(0, 10)}, True),
@@ -71,12 +74,15 @@ def widening_loop(position, seq_lens):
 
 
 def fold(seed, loop, kwargs, **facts):
-    gm, inputs = capture(composed(seed, loop, **facts), kwargs)
-    result = fold_seed(gm)
+    """The setup-merging report of seed + loop composed as fold() composes them, after checking the
+    merged graph computes what the composition computes."""
+    graphs = draft_graphs(composed(seed, loop, **facts), **kwargs)
     expected = loop(*seed(**kwargs))
-    got = list(result.graph_module(*inputs))
-    torch.testing.assert_close(got, torch.utils._pytree.tree_leaves(expected), rtol=0, atol=0)
-    return result.report
+    torch.testing.assert_close(list(torch.utils._pytree.tree_leaves(graphs.outputs)), torch.utils._pytree.tree_leaves(expected), rtol=0, atol=0)
+    (report,) = [r for r in graphs.reports if r.pass_name == "merge_setup"]
+    report.notes += [n for r in graphs.reports if r.pass_name == "seed_fold" for n in r.notes]
+    assert not any("internal error" in note for r in graphs.reports for note in r.notes), graphs.report
+    return report
 
 
 def proven(report):
@@ -85,9 +91,7 @@ def proven(report):
 
 def test_declared_range_proves_the_clamp_away():
     report = fold(seed, clamping_loop, dict(seq_lens=SEQ_LENS), value_ranges={"seq_lens": (1, None)})
-    assert proven(report) == [
-        "Max(0, l_kwargs_seq_lens_ - 1) == l_kwargs_seq_lens_ - 1 given l_kwargs_seq_lens_ in [1, 2147483647]"
-    ]
+    assert proven(report) == ["Max(0, seq_lens - 1) == seq_lens - 1 given seq_lens in [1, 2147483647]"]
     assert report.refusals == []
 
 
@@ -96,9 +100,9 @@ def test_without_the_range_the_clamp_stays_and_the_report_says_what_would_prove_
     assert proven(report) == []
     (refusal,) = report.refusals
     assert refusal.reason == (
-        "kept: clamp = Max(0, l_kwargs_seq_lens_ - 1) vs the seed's child = l_kwargs_seq_lens_ - 1: not proven given "
-        "l_kwargs_seq_lens_ in [-2147483648, 2147483647]; value_ranges={'seq_lens': (low, high)} lets the proof use "
-        "what the caller knows"
+        "kept Max(0, seq_lens - 1) beside seq_lens - 1 (from `return seq_lens - 1, seq_lens`): not proven, its "
+        "operand may wrap around given seq_lens in [-2147483648, 2147483647]; value_ranges={'seq_lens': (low, high)} "
+        "lets the proof use what the caller knows"
     )
 
 
@@ -113,9 +117,7 @@ def test_narrow_dtypes_wrap_so_widening_needs_a_range():
     kept = fold(widening_seed, widening_loop, dict(seq_lens=SEQ_LENS))
     assert proven(kept) == []
     merged = fold(widening_seed, widening_loop, dict(seq_lens=SEQ_LENS), value_ranges={"seq_lens": (1, None)})
-    assert proven(merged) == [
-        "l_kwargs_seq_lens_ - 1 == l_kwargs_seq_lens_ - 1 given l_kwargs_seq_lens_ in [1, 2147483647]"
-    ]
+    assert proven(merged) == ["seq_lens - 1 == seq_lens - 1 given seq_lens in [1, 2147483647]"]
 
 
 def test_producer_ranges_need_no_declaration():
@@ -128,10 +130,10 @@ def test_producer_ranges_need_no_declaration():
         return index.clamp(max=logits.shape[-1] - 1) + (slots % 6).sum(), index + slots.sum()
 
     report = fold(seed, loop, dict(logits=torch.randn(2, 8)))
-    assert sorted(proven(report)) == [
-        "Min(7, index) == index given index in [0, 7]",
-        "PythonMod(child, 6) == child given child in [0, 5]",
-    ]
+    details = sorted(proven(report))
+    assert len(details) == 2, details
+    assert re.fullmatch(r"Min\(7, (getitem\w*)\) == \1 given \1 in \[0, 7\]", details[0]), details
+    assert re.fullmatch(r"PythonMod\((iota\w*), 6\) == \1 given \1 in \[0, 5\]", details[1]), details
 
 
 def test_shape_env_ranges_prove_clamps_of_symbolic_sizes():
@@ -219,8 +221,4 @@ def test_merges_never_change_what_the_graph_computes(setup):
         return torch.stack([value.long(), apply(seq_lens, loop_steps).long()])
 
     seq_lens = torch.tensor(inputs, dtype=dtype)
-    gm, graph_inputs = capture(composed(seed, loop, value_ranges={"seq_lens": (low, high)}), dict(seq_lens=seq_lens))
-    result = fold_seed(gm)
-    assert not any("internal error" in note for note in result.report.notes), result.report.notes
-    (got,) = result.graph_module(*graph_inputs)
-    torch.testing.assert_close(got, loop(*seed(seq_lens)), rtol=0, atol=0)
+    fold(seed, loop, dict(seq_lens=seq_lens), value_ranges={"seq_lens": (low, high)})  # checks the values

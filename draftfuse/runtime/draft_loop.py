@@ -7,8 +7,10 @@
         @draftfuse.draft_loop(options={"probs": "ones"})
         def draft(self, tokens, hidden): ...
 
-The function is compiled with torch.compile(fullgraph=True) through the draftfuse backend, by default
-with mode="reduce-overhead" (CUDA graph trees), on its first call. On every call:
+The function is compiled with torch.compile(fullgraph=True) through draftfuse's pipeline, by default
+with mode="reduce-overhead" (CUDA graph trees), on its first call. A compile goes one way:
+options (parsed once, at decoration) -> prepare (draftfuse's passes on the Dynamo graph) -> capture
+checks (checks.py) -> lower (Inductor, draftfuse's post-grad pass) -> replay. On every call:
 
   * Outputs are cloned, because CUDA graph trees hand out the same output tensors on every replay: an
     output kept across calls would be overwritten by the next draft. (Outputs that are input tensors
@@ -16,44 +18,67 @@ with mode="reduce-overhead" (CUDA graph trees), on its first call. On every call
     the graph's own outputs: no copy, valid only until the next call of this draft.
   * Tensor inputs the draft writes in place (KV caches) are found in the traced graph and marked
     static (torch._dynamo.mark_static_address), since CUDA graphs skip on writes to other inputs.
-    Their address is then checked on every call: a different tensor raises CudagraphSkipError naming
-    the argument, because a replay would write into the address it recorded.
-  * Anything that stops the draft from being one captured region raises a DraftCaptureError (see
-    capture.py): graph breaks, host syncs, CPU inputs, dynamic shapes, more than `max_compiles`
-    compiles (each distinct shape or Python value that the draft specialises on costs one).
-  * The call runs inside torch.profiler.record_function("draftfuse.draft:<qualname>"), and without
-    autograd (torch.no_grad): a draft proposes tokens, nothing is trained through it, and a graph
-    compiled for backward would save activations for a backward that never comes.
+    Their address is checked on every call (a different tensor raises CudagraphSkipError naming the
+    argument: a replay writes into the address it recorded), and so is their memory against the other
+    tensor arguments: a written input sharing memory with another argument that did not share it when
+    traced raises, since the compiled draft assumes the memory the trace saw.
+  * Anything that stops the draft from being one captured region raises a DraftCaptureError naming the
+    user's file and line (translate.py): graph breaks, host syncs (for a data-dependent size, the first
+    op whose size or value depends on the data), CPU inputs, dynamic shapes, more than `max_compiles`
+    compiles (each distinct shape or Python value the draft specialises on costs one).
+  * The call runs without autograd (torch.no_grad): a draft proposes tokens, nothing is trained
+    through it. With a profiler running, it is a torch.profiler.record_function("draftfuse.draft:<name>") span.
   * On a CPU draft it runs compiled, without CUDA graphs, and warns once that they need a CUDA device.
 
-Methods: each instance gets its own bound draft (created on first access, stored on the instance),
-with its own compiled region, compile records and recompile budget. Dynamo keeps compiled graphs on
-the function's code object and guards on the backend, so each instance adds one entry there, and
-torch's recompile_limit (8 by default) bounds the number of live worker instances per draft method.
+Each draft (each instance's, for methods) compiles its own copy of the function's code object, so
+Dynamo's compile cache and recompile limit are the draft's own: `max_compiles` governs however many
+drafts or worker instances exist, above torch's global recompile_limit when asked (the limit is raised
+only while the draft compiles). Methods: the bound draft is stored on the instance under the name
+the draft was assigned to in the class (`Cls.fast = draft_loop(Cls.step)` stores it as `fast`).
 """
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import inspect
 import sys
+import types
 import warnings
+import weakref
 from collections.abc import Callable
-from contextlib import nullcontext
 from typing import Any
 
 import torch
-import torch.fx
 from torch.utils._pytree import tree_map_only
 
-from draftfuse.runtime import capture
-from draftfuse.runtime.backend import CompileRecord, compile_graph, inductor_config_patches, split_options
-from draftfuse.runtime.errors import RecompileError
+from draftfuse.graph.effects import defines_unbacked_symbols
+from draftfuse.graph.values import user_location
+from draftfuse.options import Options
+from draftfuse.runtime import checks, translate
+from draftfuse.runtime.errors import DraftCaptureError, RecompileError
+from draftfuse.runtime.pipeline import CompileRecord, lower, prepare
 
 _CPU_WARNING = (
     "draftfuse: draft {name!r} runs on the CPU: it is compiled, but CUDA graphs need a CUDA device, "
     "so mode={mode!r} replays nothing here"
 )
+
+
+def own_code(fn: Callable[..., Any]) -> Callable[..., Any]:
+    """`fn` with a code object of its own, so that Dynamo's cache for it is not shared (a plain
+    function; anything else is returned as it is)."""
+    if not isinstance(fn, types.FunctionType):
+        return fn
+    copy = types.FunctionType(fn.__code__.replace(), fn.__globals__, fn.__name__, fn.__defaults__, fn.__closure__)
+    copy.__kwdefaults__ = fn.__kwdefaults__
+    copy.__qualname__ = fn.__qualname__
+    copy.__dict__.update(fn.__dict__)
+    return copy
+
+
+class _Captured(Exception):
+    """Raised by the probe backend once it holds the graph: nothing of the draft runs."""
 
 
 class DraftLoop:
@@ -63,52 +88,70 @@ class DraftLoop:
         self,
         fn: Callable[..., Any],
         *,
-        mode: str | None,
-        options: dict[str, Any] | None,
+        options: Options,
         zero_copy_outputs: bool,
         dynamic: bool | None,
         max_compiles: int,
         instance: Any = None,
     ) -> None:
-        split_options(options)  # a bad option fails here, at decoration, not at the first call
         functools.update_wrapper(self, fn)
         self._fn = fn
-        self._settings = dict(
-            mode=mode, options=options, zero_copy_outputs=zero_copy_outputs, dynamic=dynamic, max_compiles=max_compiles
-        )
+        self._options = options
+        self._zero_copy, self._dynamic, self._max_compiles = zero_copy_outputs, dynamic, max_compiles
+        self._settings = dict(options=options, zero_copy_outputs=zero_copy_outputs, dynamic=dynamic, max_compiles=max_compiles)
         self._instance = instance
-        self._span = f"draftfuse.draft:{fn.__qualname__}"
-        self._compiled = torch.compile(fn, fullgraph=True, dynamic=dynamic, backend=self._compile)
+        self._attribute: str | None = None  # the class attribute this draft was assigned to
+        self._bound: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # for instances without __dict__
+        self._span = f"draftfuse.draft:{getattr(fn, '__qualname__', repr(fn))}"
+        self._code_fn = own_code(fn)  # Dynamo's cache for this draft lives on this copy's code
+        self._compiled = torch.compile(self._code_fn, fullgraph=True, dynamic=dynamic, backend=self._compile)
         self.compiles: list[CompileRecord] = []  # one per Dynamo graph compiled for this draft
-        self._call_signatures: list[dict[str, str]] = []  # the arguments that led to each compile
+        self._signatures: list[dict[str, str]] = []  # the arguments that led to each compile
         self._current_call: tuple[tuple, dict] | None = None
-        self._warned_cpu = False
+        self._warned_cpu = self._warn_cpu = False
+
+    # ---- methods: one draft per instance, stored under the attribute's name ----
+
+    def __set_name__(self, owner: type, name: str) -> None:
+        self._attribute = name
+
+    def _attribute_in(self, owner: type) -> str:
+        if self._attribute is None:  # assigned after the class was made: Cls.fast = draft_loop(Cls.step)
+            self._attribute = next((k for c in owner.__mro__ for k, v in vars(c).items() if v is self), self.__name__)
+        return self._attribute
 
     def __get__(self, instance: Any, owner: type | None = None) -> Any:
         if instance is None:
             return self
-        name = self._fn.__name__
-        bound = instance.__dict__.get(name)
+        name = self._attribute_in(owner or type(instance))
+        store = getattr(instance, "__dict__", None)
+        bound = store.get(name) if store is not None else self._bound.get(instance)
         if not isinstance(bound, DraftLoop):
             bound = DraftLoop(self._fn, **self._settings, instance=instance)
-            instance.__dict__[name] = bound  # later lookups find it before this (non-data) descriptor
+            if store is not None:
+                store[name] = bound  # later lookups find it before this (non-data) descriptor
+            else:
+                self._bound[instance] = bound
         return bound
+
+    # ---- the call ----
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         if self._instance is not None:
             args = (self._instance, *args)
         self._current_call = (args, kwargs)
         try:
-            # the span costs ~10 us per call even with no profiler running: only open it for one
-            span = torch.profiler.record_function(self._span) if torch.autograd._profiler_enabled() else nullcontext()
-            with span, torch.no_grad():
+            span = torch.profiler.record_function(self._span) if torch.autograd._profiler_enabled() else contextlib.nullcontext()
+            limit = torch._dynamo.config.recompile_limit
+            raised = torch._dynamo.config.patch(recompile_limit=self._max_compiles + 1) if self._max_compiles >= limit else contextlib.nullcontext()
+            with span, raised, torch.no_grad():
                 out = self._compiled(*args, **kwargs)
         except Exception as exc:
-            error = capture.capture_error(exc)
+            first = self._first_data_dependent(args, kwargs) if translate.is_data_dependent(exc) else ""
+            error = translate.from_exception(exc, first)
             if error is None:
                 raise
-            # Our own errors (raised inside the backend) need no Dynamo wrapper around them;
-            # a translated torch error stays attached as the cause, for its full text.
+            # Our own errors need no torch wrapper around them; a translated one keeps torch's as its cause.
             own = error is exc or error is getattr(exc, "inner_exception", None)
             if not error.where:  # raised about the call itself (its arguments): point at the caller
                 caller = sys._getframe(1)
@@ -116,62 +159,73 @@ class DraftLoop:
             raise error.with_traceback(None) from (None if own else exc)
         finally:
             self._current_call = None
-        if self._settings["zero_copy_outputs"]:
+        if self._warn_cpu:
+            self._warn_cpu = False
+            warnings.warn(_CPU_WARNING.format(name=getattr(self._fn, "__qualname__", ""), mode=self._options.mode), stacklevel=2)
+        if self._zero_copy:
             return out
         inputs = {id(a) for a in (*args, *kwargs.values()) if isinstance(a, torch.Tensor)}
         return tree_map_only(torch.Tensor, lambda t: t if id(t) in inputs else t.clone(), out)
 
-    # ---- the backend this draft compiles with: capture checks around draftfuse's backend ----
+    def _first_data_dependent(self, args: tuple, kwargs: dict) -> str:
+        """file:line of the draft's first op whose size or value depends on the data: traced again
+        without fullgraph, the graph before the failure holds it. The probe backend raises once it has
+        the graph, so nothing of the draft runs; its code is a copy, so the draft's cache is untouched."""
+        graphs: list[torch.fx.GraphModule] = []
+
+        def probe(gm: torch.fx.GraphModule, example_inputs: list) -> Any:
+            graphs.append(gm)
+            raise _Captured
+
+        try:
+            with torch.no_grad():
+                torch.compile(own_code(self._fn), dynamic=self._dynamic, backend=probe)(*args, **kwargs)
+        except Exception:
+            pass
+        for gm in graphs:
+            for node in gm.graph.nodes:
+                if node.op != "placeholder" and (defines_unbacked_symbols(node) or checks.host_read(node)):
+                    return user_location(node)
+        return ""
+
+    # ---- the compile: prepare -> checks -> lower ----
 
     def _compile(self, gm: torch.fx.GraphModule, example_inputs: list[Any]) -> Callable[..., Any]:
         self._check_recompiles()
-        device = capture.draft_device(gm)
-        mode = self._settings["mode"]
-        options = dict(self._settings["options"] or {})
-        _, inductor_options = split_options(options)
-        uses_cudagraphs = inductor_config_patches(mode, inductor_options).get(
-            "triton.cudagraphs", torch._inductor.config.triton.cudagraphs
-        )
-        if uses_cudagraphs and device.type == "cuda" and hasattr(torch._inductor.config.triton, "cudagraph_or_error"):
+        options = self._options
+        device = checks.draft_device(gm)
+        if options.uses_cudagraphs and device.type == "cuda" and hasattr(torch._inductor.config.triton, "cudagraph_or_error"):
             # Any skip Inductor finds beyond our checks becomes an error instead of a silent fallback.
-            options.setdefault("triton.cudagraph_or_error", True)
-        if uses_cudagraphs and device.type == "cpu" and not self._warned_cpu:
+            options = options.with_inductor(**{"triton.cudagraph_or_error": True})
+        if options.uses_cudagraphs and device.type == "cpu" and not self._warned_cpu:
             self._warned_cpu = True
-            warnings.warn(_CPU_WARNING.format(name=self._fn.__qualname__, mode=mode))
+            self._warn_cpu = True  # once the call returns, at the caller's line
 
-        moved_input_checks: list[tuple[capture.MutatedInput, int]] = []
-
-        def check(final_gm: torch.fx.GraphModule) -> None:
-            capture.check_graph(final_gm, allow_dynamic=self._settings["dynamic"] is True)
-            for mutated in capture.mutated_inputs(final_gm):
-                if not mutated.static:
-                    capture.make_static(final_gm, example_inputs, mutated)
-                moved_input_checks.append((mutated, example_inputs[mutated.index].data_ptr()))
-
-        compiled, record = compile_graph(gm, example_inputs, mode=mode, options=options, inspect_graph=check)
+        prepared = prepare(gm, options)
+        found = checks.obstacles(prepared.graph_module, allow_dynamic=self._dynamic is True)
+        if found:
+            raise found[0]
+        written = checks.written_inputs(prepared.graph_module)
+        for item in written:
+            if not item.static:
+                checks.make_static(prepared.graph_module, example_inputs, item)
+        compiled, record = lower(prepared, example_inputs, options)
         self.compiles.append(record)
-        if not moved_input_checks:
+        if not written:
             return compiled
-
-        def run(*args: Any) -> Any:
-            for mutated, address in moved_input_checks:
-                if args[mutated.index].data_ptr() != address:
-                    raise capture.moved_input_error(mutated)
-            return compiled(*args)
-
-        return run
+        return _guard_written_inputs(compiled, written, example_inputs)
 
     def _check_recompiles(self) -> None:
         signature = self._signature()
-        self._call_signatures.append(signature)
-        if len(self._call_signatures) <= self._settings["max_compiles"]:
+        self._signatures.append(signature)
+        if len(self._signatures) <= self._max_compiles:
             return
-        change = capture.describe_change(self._call_signatures[-2], signature)
-        guard = capture.last_guard_failure(self._fn.__code__)
+        change = checks.describe_change(self._signatures[-2], signature)
+        guard = checks.last_guard_failure(getattr(self._code_fn, "__code__", None))
         raise RecompileError(
-            f"draft {self._fn.__qualname__!r} needs compile number {len(self._call_signatures)} "
-            f"(max_compiles={self._settings['max_compiles']}): "
-            + (f"what changed since the last compile: {change}" if change else "no argument changed")
+            f"draft {getattr(self._fn, '__qualname__', '')!r} needs compile number {len(self._signatures)} "
+            f"(max_compiles={self._max_compiles}): "
+            + (f"what changed since the last compile: {change}" if change else "no argument changed as a whole")
             + (f" (Dynamo: guard failed: {guard})" if guard else ""),
             fix="keep shapes and Python arguments the same on every call (pass changing values as "
             "tensors, pad batches to a few fixed sizes), or raise max_compiles if each is expected",
@@ -183,9 +237,38 @@ class DraftLoop:
         args, kwargs = self._current_call
         try:
             bound = inspect.signature(self._fn).bind(*args, **kwargs)
-        except TypeError:
+        except (TypeError, ValueError):
             return {}
-        return {name: capture.describe_value(value) for name, value in bound.arguments.items()}
+        return {name: checks.describe_value(value) for name, value in bound.arguments.items()}
+
+
+def _guard_written_inputs(compiled: Callable[..., Any], written: list[checks.WrittenInput], example_inputs: list[Any]) -> Callable[..., Any]:
+    """Check, on every call, that each written input is the tensor the draft was compiled with, and
+    that no other tensor argument shares its memory unless one did when traced."""
+    addresses = [(item, example_inputs[item.index].data_ptr()) for item in written]
+    storage = lambda t: t.untyped_storage().data_ptr()  # noqa: E731
+    written_storages = {storage(example_inputs[item.index]) for item in written}
+    others = [
+        i for i, value in enumerate(example_inputs)
+        if isinstance(value, torch.Tensor) and i not in {item.index for item in written}
+        and not hasattr(value, "_dynamo_static_input_type") and not isinstance(value, torch.nn.Parameter)
+        and storage(value) not in written_storages
+    ]  # fmt: skip
+
+    def run(*args: Any) -> Any:
+        for item, address in addresses:
+            if args[item.index].data_ptr() != address:
+                raise checks.moved_input_error(item)
+        for i in others:
+            if storage(args[i]) in written_storages:
+                raise DraftCaptureError(
+                    f"graph input {i} shares memory with an input the draft writes in place, which it did not when "
+                    "the draft was compiled: the compiled draft reads the memory as traced",
+                    fix="pass tensors that do not overlap the ones the draft writes (or the same views on every call)",
+                )
+        return compiled(*args)
+
+    return run
 
 
 def draft_loop(
@@ -200,16 +283,19 @@ def draft_loop(
     """Compile a draft function or method as one captured region (see the module docstring).
 
     Usable bare (`@draft_loop`) or with arguments (`@draft_loop(mode=..., options=...)`).
-    mode/options: as for the draftfuse backend (`options` may mix draftfuse's and Inductor's keys).
+    mode/options: as for the draftfuse backend (`options` may mix draftfuse's and Inductor's keys);
+        checked here, at decoration.
     zero_copy_outputs: return the CUDA graph's own output tensors, overwritten by the next call.
     dynamic: torch.compile's `dynamic`; False (default) compiles one graph per input shape, which is
         what CUDA graphs want; True allows symbolic shapes (one CUDA graph recorded per size).
-    max_compiles: compiles allowed per draft (per instance for methods) before RecompileError.
+    max_compiles: compiles allowed per draft (per instance for methods) before RecompileError, whatever
+        torch's recompile_limit is.
     """
-    settings = dict(
-        mode=mode, options=options, zero_copy_outputs=zero_copy_outputs, dynamic=dynamic, max_compiles=max_compiles
-    )
+    parsed = Options.parse(mode, options)
     if fn is None:
-        return functools.partial(draft_loop, **settings)
-    return DraftLoop(fn, **settings)
+        return functools.partial(_decorate, options=parsed, zero_copy_outputs=zero_copy_outputs, dynamic=dynamic, max_compiles=max_compiles)
+    return _decorate(fn, options=parsed, zero_copy_outputs=zero_copy_outputs, dynamic=dynamic, max_compiles=max_compiles)
 
+
+def _decorate(fn: Callable[..., Any], **settings: Any) -> DraftLoop:
+    return DraftLoop(fn, **settings)

@@ -34,7 +34,7 @@ import inspect
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from draftfuse.passes.seed_fold import mark_seam, seam_facts
+from draftfuse.passes.seed_fold.seam import mark_seam, seam_facts
 from draftfuse.runtime.draft_loop import DraftLoop, draft_loop
 
 

@@ -1,0 +1,269 @@
+"""Effects: which memory each node's value lives in, which memory each node writes, which nodes draw
+random numbers. One model for every pass and for the capture checks, on Dynamo and on ATen graphs.
+
+Memory comes from the fake tensors the tracer recorded, not from op names: a node's value lives in
+the storages of its fake value (a view shares its base's fake storage, an `out=` result is the out
+tensor's, an in-place method returns its input, `einsum` may return a view of an operand: the fakes
+say which it did for the shapes traced, and Dynamo guards those shapes). A node traced without a fake
+value is assumed to share the memory of every tensor it reads.
+
+Writes come from the op's schema: the arguments annotated `Tensor(a!)` (in place, `out=`, lists such
+as `_foreach_add_`'s). A Dynamo graph calls torch functions and Tensor methods, not ATen overloads:
+they are resolved by name to their ATen op (`x.add_(y)` -> aten.add_, `torch.add(x, y, out=o)` ->
+aten.add, whose `out` overload writes `o`), every overload that could bind the call counted; `operator`'s
+in-place forms (`x += y`, `x[i] = v`) write their first argument. A call that resolves to nothing
+(a user function allowed in the graph, a higher-order op, a method ATen does not know) is unknown: it
+may write every tensor it reads and its value may share their memory. Python-level Tensor methods that
+ATen lacks but that never write (`float`, `tolist`, ...) are listed by name.
+
+Inputs share memory as they did when traced: the fakes of two arguments that are views of one tensor
+share a storage, so a write through one is a write to the other. Arguments that did not share memory
+when traced are taken as distinct; torch's compiled graph makes the same assumption (AOT autograd
+functionalizes with the aliasing it traced), and `draft_loop` checks it on every call for the inputs
+a draft writes.
+
+Randomness comes from the op's `nondeterministic_seeded` tag; unknown calls count as random.
+"""
+
+from __future__ import annotations
+
+import bisect
+import functools
+import operator
+from collections.abc import Iterable
+from typing import Any
+
+import torch
+import torch.fx
+from torch.fx.experimental.symbolic_shapes import free_unbacked_symbols
+from torch.multiprocessing.reductions import StorageWeakRef
+from torch.utils._pytree import tree_leaves
+
+from draftfuse.graph.values import Node, fake
+
+_IN_PLACE_OPERATORS = frozenset({
+    operator.setitem, operator.delitem, operator.iadd, operator.isub, operator.imul, operator.itruediv,
+    operator.ifloordiv, operator.imod, operator.ipow, operator.iand, operator.ior, operator.ixor,
+    operator.ilshift, operator.irshift, operator.imatmul,
+})  # fmt: skip
+# Tensor methods with no ATen op of their name that read but never write (casts, host reads, metadata).
+_PYTHON_METHODS = frozenset({
+    "bfloat16", "bool", "byte", "cdouble", "cfloat", "char", "double", "float", "half", "int", "long",
+    "short", "type", "type_as", "tolist", "numpy", "ndimension", "nelement", "new_tensor", "unique",
+    "data_ptr", "const_data_ptr", "untyped_storage", "dim_order", "storage_offset", "get_device",
+})  # fmt: skip
+_PLAIN_MODULES = ("_operator", "operator", "math", "builtins")  # functions on Python values
+
+
+@functools.cache
+def _aten_packet(name: str) -> torch._ops.OpOverloadPacket | None:
+    if not name or name.startswith("__"):
+        return None
+    try:
+        packet = getattr(torch.ops.aten, name)
+    except (AttributeError, RuntimeError):
+        return None
+    return packet if isinstance(packet, torch._ops.OpOverloadPacket) else None
+
+
+def _schemas(node: Node) -> list[torch.FunctionSchema] | None:
+    """The ATen schemas a call may run; None when the call resolves to no op."""
+    target = node.target
+    if isinstance(target, torch._ops.OpOverload):
+        return [target._schema]
+    if node.op == "call_method":
+        packet = _aten_packet(str(target))
+    elif isinstance(target, torch._ops.OpOverloadPacket):
+        packet = target
+    elif getattr(target, "__module__", None) and str(target.__module__).startswith("torch"):
+        packet = _aten_packet(getattr(target, "__name__", ""))
+    else:
+        packet = None
+    if packet is None:
+        return None
+    return [getattr(packet, overload)._schema for overload in packet.overloads()]
+
+
+def _is_plain_python(node: Node) -> bool:
+    """A call on Python values (operator.add, math.sqrt, a Python-level Tensor method that never writes)."""
+    if node.op == "call_method":
+        return node.target in _PYTHON_METHODS
+    module = getattr(node.target, "__module__", None) or ""
+    return module in _PLAIN_MODULES
+
+
+def _argument(node: Node, position: int, argument: Any) -> Any:
+    if not argument.kwarg_only and position < len(node.args):
+        return node.args[position]
+    return node.kwargs.get(argument.name)
+
+
+def written_values(node: Node) -> list[Node] | None:
+    """The values `node` writes in place ([] if none); None when unknown: it may write what it reads."""
+    if node.op in ("placeholder", "get_attr", "output"):
+        return []
+    if node.op == "call_module" or isinstance(node.target, torch._ops.HigherOrderOperator):
+        return None  # a body of its own, with writes not looked into
+    if node.target in _IN_PLACE_OPERATORS:
+        return [node.args[0]] if isinstance(node.args[0], Node) else []
+    written: list[Node] = []
+    if node.kwargs.get("inplace") is True and node.args and isinstance(node.args[0], Node):
+        written.append(node.args[0])  # F.relu(x, inplace=True) and friends
+    schemas = _schemas(node)
+    if schemas is None:
+        return written if _is_plain_python(node) else None
+    for schema in schemas:
+        for position, argument in enumerate(schema.arguments):
+            if argument.alias_info is not None and argument.alias_info.is_write:
+                written += [a for a in tree_leaves(_argument(node, position, argument)) if isinstance(a, Node)]
+    return list(dict.fromkeys(written))
+
+
+def is_random(node: Node) -> bool:
+    """Whether the node may draw random numbers (an unknown call may)."""
+    if node.op not in ("call_function", "call_method"):
+        return node.op == "call_module"
+    schemas = _schemas(node)
+    if schemas is None:
+        return not _is_plain_python(node)
+    if isinstance(node.target, torch._ops.OpOverload):
+        return torch.Tag.nondeterministic_seeded in node.target.tags
+    packet = node.target if isinstance(node.target, torch._ops.OpOverloadPacket) else None
+    name = str(node.target) if node.op == "call_method" else getattr(node.target, "__name__", "")
+    packet = packet or _aten_packet(name)
+    return any(torch.Tag.nondeterministic_seeded in getattr(packet, o).tags for o in packet.overloads())
+
+
+def defines_unbacked_symbols(node: Node) -> bool:
+    """Its value has a data-dependent size or is a host scalar read from the device (`.item()`,
+    `nonzero`): other nodes' metadata refers to the symbols it binds, so it must stay where it is."""
+    value = fake(node)
+    if value is None:
+        return False
+    try:
+        return bool(free_unbacked_symbols(value))
+    except Exception:  # a value kind the helper does not know: assume it binds something
+        return True
+
+
+def _storages(value: Any) -> frozenset[Any] | None:
+    """The storages of every tensor in a fake value; None for a value that is not recorded."""
+    keys = set()
+    for leaf in tree_leaves(value):
+        if isinstance(leaf, torch.Tensor):
+            try:
+                keys.add(StorageWeakRef(leaf.untyped_storage()))
+            except (NotImplementedError, RuntimeError):  # sparse, nested: no plain storage
+                return None
+    return frozenset(keys)
+
+
+def _reads_memory(node: Node) -> list[Node]:
+    """Inputs that may hold tensors (anything but recorded Python scalars and symbolic sizes)."""
+    scalars = (torch.SymInt, torch.SymFloat, torch.SymBool, int, float, bool)
+    return [a for a in node.all_input_nodes if not isinstance(fake(a), scalars)]
+
+
+class Effects:
+    """The memory and writes of every node of one graph, in graph order. Rebuild after changing the graph."""
+
+    def __init__(self, graph: torch.fx.Graph) -> None:
+        self.graph = graph
+        self.order: dict[Node, int] = {}
+        self._memory: dict[Node, frozenset[Any]] = {}
+        self._writes: dict[Node, frozenset[Any]] = {}
+        self.unknown: set[Node] = set()  # calls whose writes are not known
+        inputs: set[Any] = set()
+        for position, node in enumerate(graph.nodes):
+            self.order[node] = position
+            if node.op == "output":
+                continue
+            recorded = ("val" in node.meta or "example_value" in node.meta) and _storages(fake(node)) is not None
+            own = _storages(fake(node)) if recorded else None
+            reads = _reads_memory(node)
+            if node.op in ("placeholder", "get_attr"):
+                own = own if own else frozenset([node])  # a tensor input without a fake: its own memory
+                inputs |= own
+                self._memory[node] = own
+                self._writes[node] = frozenset()
+                continue
+            read_memory = frozenset().union(*(self._memory.get(a, frozenset([a])) for a in reads))
+            written = written_values(node)
+            if written is None:
+                self.unknown.add(node)
+                own = (own or frozenset([node])) | read_memory
+                writes = read_memory
+            else:
+                own = own if own is not None else frozenset([node]) | read_memory
+                writes = frozenset().union(*(self._memory.get(a, frozenset([a])) for a in written))
+            self._memory[node] = own
+            self._writes[node] = writes
+        self.inputs = frozenset(inputs)  # the storages of the caller's tensors
+        self._nodes = list(self.order)
+        # memory key -> positions of the nodes that may write it, sorted
+        self._writers: dict[Any, list[int]] = {}
+        for node, keys in self._writes.items():
+            for key in keys:
+                self._writers.setdefault(key, []).append(self.order[node])
+
+    def memory(self, node: Node) -> frozenset[Any]:
+        """The memory the node's value may live in."""
+        return self._memory.get(node, frozenset())
+
+    def writes(self, node: Node) -> frozenset[Any]:
+        """The memory the node may write."""
+        return self._writes.get(node, frozenset())
+
+    def may_share(self, a: Node, b: Node) -> bool:
+        return bool(self.memory(a) & self.memory(b))
+
+    def writers(self, values: Iterable[Node], after: Node | int, before: Node | int | None = None) -> list[Node]:
+        """Nodes strictly between `after` and `before` (graph order; None: the end) that may write the
+        memory of any of `values`."""
+        start = after if isinstance(after, int) else self.order[after]
+        stop = (1 << 62) if before is None else before if isinstance(before, int) else self.order[before]
+        keys = frozenset().union(*(self.memory(v) for v in values))
+        positions: set[int] = set()
+        for key in keys:
+            found = self._writers.get(key, [])
+            positions.update(found[bisect.bisect_right(found, start) : bisect.bisect_left(found, stop)])
+        return [self._nodes[p] for p in sorted(positions)]
+
+    def written_after(self, node: Node) -> bool:
+        return bool(self.writers([node], node))
+
+    def written_inputs(self) -> dict[Node, Node]:
+        """Each graph input the graph writes (through any view of it), with its first writer."""
+        owners: dict[Any, list[Node]] = {}
+        for placeholder in self.graph.find_nodes(op="placeholder"):
+            for key in self._memory[placeholder]:
+                owners.setdefault(key, []).append(placeholder)
+        first: dict[Node, Node] = {}
+        for node, keys in self._writes.items():
+            for key in keys:
+                for placeholder in owners.get(key, ()):
+                    first.setdefault(placeholder, node)
+        return first
+
+    def is_erasable(self, node: Node) -> bool:
+        """Pure, or a read from the device (`.item()`) whose symbols nothing else refers to any more:
+        once unused, erasing it changes nothing but the work done."""
+        if self.is_pure(node):
+            return True
+        if node.op not in ("call_function", "call_method") or node in self.unknown or self._writes.get(node) or is_random(node):
+            return False
+        try:
+            mine = free_unbacked_symbols(fake(node))
+            return not any(mine & free_unbacked_symbols(fake(n)) for n in node.graph.nodes if n is not node)
+        except Exception:
+            return False
+
+    def is_pure(self, node: Node) -> bool:
+        """No write, no randomness, no unbacked symbol bound, and a value: may be erased once unused,
+        or merged with a twin."""
+        if node.op not in ("call_function", "call_method") or node in self.unknown:
+            return False
+        if self._writes.get(node) or is_random(node) or defines_unbacked_symbols(node):
+            return False
+        # calls that return nothing are there for their effect (grad mode switches, torch._check)
+        return fake(node) is not None or bool(node.users)

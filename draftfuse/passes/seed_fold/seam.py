@@ -1,0 +1,95 @@
+"""What `draftfuse.fold(seed, loop)` puts into the traced graph for the seed fold to read.
+
+  * `draftfuse::seam(tensors, facts)`: the seed's outputs pass through it, so the graph shows where
+    the seed ends. It returns copies (a custom op may not return its inputs); the fold removes it, so
+    the loop reads the seed's values themselves, as `loop(*seed(...))` does. `facts` is JSON: what the
+    caller of fold() states about the draft (value ranges of its arguments, drop_buffer_writes).
+  * `draftfuse::assume_range(x, low, high, name)`: the fold puts it on a graph input whose elements the
+    caller declared to lie in [low, high] (None: unbounded) and that the draft never writes; every
+    reader of the input reads it. It survives AOT autograd (a functional op returning a copy), and the
+    post-grad setup merging reads the range off it, then removes it. A declared range is trusted, not
+    checked: it describes the argument's values as the draft receives them.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from typing import Any
+
+import torch
+from torch.utils._pytree import tree_flatten, tree_unflatten
+
+from draftfuse.graph.values import Node
+
+ValueRangeSpec = Mapping[str, tuple[int | None, int | None]]
+
+
+@torch.library.custom_op("draftfuse::seam", mutates_args=())
+def _seam(tensors: list[torch.Tensor], facts: str) -> list[torch.Tensor]:
+    # Copies: the fold removes the op, so they only run when the graph is compiled without the fold.
+    return [t.clone() for t in tensors]
+
+
+@_seam.register_fake
+def _seam_fake(tensors: list[torch.Tensor], facts: str) -> list[torch.Tensor]:
+    return [torch.empty_like(t) for t in tensors]
+
+
+@torch.library.custom_op("draftfuse::assume_range", mutates_args=())
+def _assume_range(x: torch.Tensor, low: int | None, high: int | None, name: str) -> torch.Tensor:
+    return x.clone()
+
+
+@_assume_range.register_fake
+def _assume_range_fake(x: torch.Tensor, low: int | None, high: int | None, name: str) -> torch.Tensor:
+    return torch.empty_like(x)
+
+
+def seam_facts(*, value_ranges: ValueRangeSpec | None = None, drop_buffer_writes: bool = False) -> str:
+    """What the caller of fold() states about a draft, as the marker's constant argument (computed
+    outside the traced code: json is not traceable)."""
+    facts = {"value_ranges": {name: list(bounds) for name, bounds in (value_ranges or {}).items()}}
+    facts["drop_buffer_writes"] = drop_buffer_writes
+    return json.dumps(facts, sort_keys=True)
+
+
+def mark_seam(values: Any, facts: str = "{}") -> Any:
+    """`values` (a tensor, or a tuple/list/dict holding tensors and other values) with every tensor
+    passed through the seam marker, so that the traced graph shows where the seed ends."""
+    leaves, spec = tree_flatten(values)
+    where = [i for i, leaf in enumerate(leaves) if isinstance(leaf, torch.Tensor)]
+    if not where:
+        return values
+    marked = torch.ops.draftfuse.seam.default([leaves[i] for i in where], facts)
+    for i, tensor in zip(where, marked):
+        leaves[i] = tensor
+    return tree_unflatten(leaves, spec)
+
+
+def _is_op(node: Node, name: str) -> bool:
+    if node.op != "call_function":
+        return False
+    target = node.target
+    if isinstance(target, torch._ops.OpOverload):
+        return target._schema.name == f"draftfuse::{name}"
+    return isinstance(target, torch._ops.OpOverloadPacket) and target._qualified_op_name == f"draftfuse::{name}"
+
+
+def is_seam(node: Node) -> bool:
+    return _is_op(node, "seam")
+
+
+def is_assume_range(node: Node) -> bool:
+    return _is_op(node, "assume_range")
+
+
+def read_facts(graph: torch.fx.Graph) -> tuple[dict[str, tuple[Any, Any]], bool]:
+    """The value ranges and drop_buffer_writes that fold() put in the graph's seam markers."""
+    value_ranges: dict[str, tuple[Any, Any]] = {}
+    drop_buffer_writes = False
+    for seam in [n for n in graph.nodes if is_seam(n)]:
+        facts = json.loads(seam.args[1] if len(seam.args) > 1 else seam.kwargs.get("facts", "{}"))
+        value_ranges.update({name: tuple(bounds) for name, bounds in facts.get("value_ranges", {}).items()})
+        drop_buffer_writes |= bool(facts.get("drop_buffer_writes"))
+    return value_ranges, drop_buffer_writes

@@ -1,0 +1,87 @@
+"""softmax -> topk: pick tokens from the logits, never from the full probability tensor.
+
+The rewrite (dim d is the softmax dim and must be the dim the selection reduces):
+
+    p = softmax(s, d)          # s = logits, maybe upcast and divided by a positive temperature
+    v, i = topk(p, k, d)       # or max(p, d), argmax(p, d)
+
+becomes, for k = 1:
+
+    i = argmax(x, d, keepdim)                  # x = the logits before upcasts and temperature
+    v = 1 / sum(exp(s - max(s)))               # only if v is read; float32 inside, cast like p
+                                               # log_softmax: v = -log(sum(exp(s - max(s))))
+                                               # probs="ones": v = 1 (0 for log_softmax)
+
+and for k > 1:
+
+    i = topk(x, k, d).indices
+    v = exp(s[i] - max(s)) / sum(exp(s - max(s)))   # = exp(s[i] - logsumexp(s)), float32 inside
+
+so the probability tensor is never materialised. Values go through the same casts as the original
+probabilities did before the selection, so their dtype and rounding match. With lowering "kernels"
+(or "auto" where they run) the index and values come from draftfuse's one-pass selection ops instead.
+
+When it is legal is match.py's docstring: the dims, k, casts and temperatures it looks through, the
+writes (effects) that refuse it, and why smallest-probability selections are refused. Results differ
+from the unrewritten graph only in two documented cases: rows holding NaN or +inf, and ties that
+rounding creates between logits and probabilities (fp16/bf16 softmax, temperature division): argmax
+then returns the true maximum of the logits; exact ties resolve to the first index.
+
+Modules, in the order a rewrite goes through them:
+    match.py    graph -> Match or a refusal, for Dynamo graphs and post-grad ATen graphs
+    emit.py     the new nodes, spelled per level, and the softmax pieces the values reuse
+    rewrite.py  values, kernel choice, rewiring, the driver and its report
+
+Why a matcher of our own rather than Inductor's pattern matcher (`register_replacement` with an
+`extra_check`): the family is wide (any dim, keepdim or not, chains of casts, temperatures by constant
+division or multiplication, Inductor's own `where` temperature form, six selection spellings, k read
+off the call), and `register_replacement` traces one pattern per dtype with integer arguments such as
+the dim fixed, so the family would need hundreds of traced patterns; the legality is about effects
+between nodes, which a pattern's `extra_check` sees only through the same graph walks done here; and the
+Dynamo-level rewrite (which `explain`, golden tests and non-Inductor backends see) needs the matcher
+anyway. One description (`Match`) serves both levels; only the softmax recogniser differs.
+"""
+
+from __future__ import annotations
+
+import logging
+
+import torch
+
+from draftfuse.graph.values import copy_graph_module, level
+from draftfuse.passes.report import PassReport, PassResult
+from draftfuse.passes.softmax_topk.rewrite import PASS_NAME, check_options, rewrite_graph
+
+log = logging.getLogger(__name__)
+
+
+def rewrite_softmax_topk(
+    gm: torch.fx.GraphModule, *, probs: str = "exact", lowering: str = "torch", half_probs: str = "rewrite"
+) -> PassResult:
+    """Rewrite every softmax -> topk/max/argmax selection of `gm` to select on the logits.
+
+    Works on Dynamo graphs and on ATen graphs (detected from the graph). Returns a new GraphModule
+    (`gm` is untouched) and a report of each rewrite and each refused near-match. Never raises on a
+    graph it does not understand: such a graph comes back unchanged.
+    probs: "exact" or "ones" (k = 1 values are the constant 1); lowering: "torch", "kernels" or "auto";
+    half_probs: "rewrite" or "keep" (leave selections that read fp16/bf16 probabilities alone).
+    """
+    check_options(probs, lowering, half_probs)
+    new_gm = copy_graph_module(gm)
+    graph_level = level(new_gm.graph)
+    if log.isEnabledFor(logging.INFO):  # printing a graph costs time: only when shown
+        log.info("%s: %s graph before:\n%s", PASS_NAME, graph_level, new_gm.print_readable(print_output=False))
+    try:
+        report = rewrite_graph(new_gm.graph, probs=probs, lowering=lowering, half_probs=half_probs)
+        new_gm.graph.lint()
+        new_gm.recompile()
+    except Exception as error:  # a pass never breaks a compile: hand back the graph as it came
+        log.warning("%s: internal error, graph left unchanged", PASS_NAME, exc_info=True)
+        report = PassReport(PASS_NAME, notes=[f"internal error, graph left unchanged: {error!r}"])
+        new_gm = copy_graph_module(gm)
+    if log.isEnabledFor(logging.INFO):
+        log.info("%s\n%s graph after:\n%s", report, graph_level, new_gm.print_readable(print_output=False))
+    return PassResult(new_gm, report)
+
+
+__all__ = ["PASS_NAME", "rewrite_graph", "rewrite_softmax_topk"]

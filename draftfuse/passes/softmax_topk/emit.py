@@ -1,0 +1,175 @@
+"""Emitting the rewrite: the same few operations spelled for each level, and the pieces of the softmax
+that the values need.
+
+`TorchEmitter` writes torch functions as a user would (Dynamo graphs); `AtenEmitter` writes ATen
+overloads with every argument given (post-grad graphs). New nodes go one after another from a cursor,
+carry fake values and the replaced selection's stack trace (draftfuse.graph.values.insert_after).
+"""
+
+from __future__ import annotations
+
+import operator
+from typing import Any
+
+import torch
+
+from draftfuse.graph.values import Node, fake_tensor, insert_after
+from draftfuse.passes.softmax_topk.match import Softmax
+
+aten = torch.ops.aten
+prims = torch.ops.prims
+PASS_NAME = "softmax_topk"
+HALF = (torch.float16, torch.bfloat16)
+
+
+@torch.library.custom_op("draftfuse::round_to", mutates_args=())
+def round_to(x: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """`x.to(dtype)`, as an op Inductor does not fuse into its readers. Inductor elides the rounding of a
+    fused float32 -> fp16/bf16 cast when a reader in the same kernel upcasts again (its
+    emulate_precision_casts setting, off by default), so a value the rewrite returns in bf16 and a
+    reader's arithmetic on it (EAGLE adds parents' scores to the returned log-probabilities) would
+    disagree by an ulp; the original's topk returned a stored bf16 tensor, which they agree with."""
+    return x.to(dtype)
+
+
+@round_to.register_fake
+def _round_to_fake(x: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    return torch.empty_like(x, dtype=dtype)
+
+
+class Emitter:
+    level: str
+
+    def __init__(self, origin: Node, cursor: Node) -> None:
+        self.origin = origin  # the selection being replaced: new nodes take its stack trace
+        self.cursor = cursor  # new nodes go after this one, in order
+
+    def _node(self, op: str, target: Any, args: tuple, kwargs: dict | None = None) -> Node:
+        self.cursor = insert_after(
+            self.cursor, op, target, args, kwargs, origin=self.origin, provenance=f"{PASS_NAME}: replaces {self.origin.name}"
+        )
+        return self.cursor
+
+    def call(self, name: str, *args: Any) -> Node:
+        raise NotImplementedError
+
+    @staticmethod
+    def dtype_of(node: Node) -> torch.dtype | None:
+        value = fake_tensor(node)
+        return value.dtype if value is not None else None
+
+    def to_compute_dtype(self, node: Node) -> Node:
+        """float32 for half types and float32, float64 for float64: the precision softmax computes in."""
+        dtype = self.dtype_of(node)
+        target = torch.float64 if dtype == torch.float64 else torch.float32
+        return node if dtype == target else self.call("cast", node, target)
+
+
+class TorchEmitter(Emitter):
+    """Dynamo graphs: torch functions and Tensor methods, as a user would write them."""
+
+    level = "dynamo"
+    _FUNCTIONS = {
+        "argmax": (torch.argmax, ("dim", "keepdim")),
+        "argmin": (torch.argmin, ("dim", "keepdim")),
+        "topk": (torch.topk, ("k", "dim", "largest", "sorted")),
+        "amax": (torch.amax, ("dim", "keepdim")),
+        "sum": (torch.sum, ("dim", "keepdim")),
+        "sub": (torch.sub, ()),
+        "div": (torch.div, ()),
+        "exp": (torch.exp, ()),
+        "log": (torch.log, ()),
+        "neg": (torch.neg, ()),
+        "reciprocal": (torch.reciprocal, ()),
+        "gather": (torch.gather, ("dim", "index")),
+        "squeeze": (torch.squeeze, ("dim",)),
+        "unsqueeze": (torch.unsqueeze, ("dim",)),
+        "argmax_prob": (torch.ops.draftfuse.argmax_prob.default, ("log",)),
+        "topk_prob": (torch.ops.draftfuse.topk_prob.default, ("k", "log")),
+    }
+
+    def call(self, name: str, *args: Any) -> Node:
+        if name == "cast":
+            return self._node("call_method", "to", args)
+        if name == "round":
+            return self._node("call_function", torch.ops.draftfuse.round_to.default, args)
+        if name == "getitem":
+            return self._node("call_function", operator.getitem, args)
+        if name in ("ones_like", "zeros_like"):
+            fn = torch.ones_like if name == "ones_like" else torch.zeros_like
+            return self._node("call_function", fn, args[:1], {"dtype": args[1]})
+        fn, keywords = self._FUNCTIONS[name]
+        split = len(args) - len(keywords)
+        return self._node("call_function", fn, args[:split], dict(zip(keywords, args[split:])))
+
+
+class AtenEmitter(Emitter):
+    """Post-grad graphs: ATen overloads with every argument given, as Inductor expects."""
+
+    level = "aten"
+
+    def _full(self, like: Node, value: float, dtype: torch.dtype) -> Node:
+        # post-grad graphs are decomposed: full_like is gone, full is what Inductor lowers
+        fake = fake_tensor(like)
+        shape = [int(size) for size in fake.shape]  # callers check the shape is static first
+        kwargs = {"dtype": dtype, "layout": torch.strided, "device": fake.device, "pin_memory": False}
+        return self._node("call_function", aten.full.default, (shape, value), kwargs)
+
+    def call(self, name: str, *args: Any) -> Node:
+        if name in ("ones_like", "zeros_like"):
+            return self._full(args[0], 1.0 if name == "ones_like" else 0.0, args[1])
+        spelled = {
+            "cast": lambda x, d: (prims.convert_element_type.default, (x, d)),
+            "round": lambda x, d: (torch.ops.draftfuse.round_to.default, (x, d)),
+            "getitem": lambda x, i: (operator.getitem, (x, i)),
+            "argmax": lambda x, d, kd: (aten.argmax.default, (x, d, kd)),
+            "argmin": lambda x, d, kd: (aten.argmin.default, (x, d, kd)),
+            "topk": lambda x, k, d, lg, s: (aten.topk.default, (x, k, d, lg, s)),
+            "amax": lambda x, d, kd: (aten.amax.default, (x, [d], kd)),
+            "sum": lambda x, d, kd: (aten.sum.dim_IntList, (x, [d], kd)),
+            "sub": lambda a, b: (aten.sub.Tensor, (a, b)),
+            "div": lambda a, b: (aten.div.Tensor, (a, b)),
+            "exp": lambda x: (aten.exp.default, (x,)),
+            "log": lambda x: (aten.log.default, (x,)),
+            "neg": lambda x: (aten.neg.default, (x,)),
+            "reciprocal": lambda x: (aten.reciprocal.default, (x,)),
+            "gather": lambda x, d, i: (aten.gather.default, (x, d, i)),
+            "squeeze": lambda x, d: (aten.squeeze.dim, (x, d)),
+            "unsqueeze": lambda x, d: (aten.unsqueeze.default, (x, d)),
+            "argmax_prob": lambda x, lg: (torch.ops.draftfuse.argmax_prob.default, (x, lg)),
+            "topk_prob": lambda x, k, lg: (torch.ops.draftfuse.topk_prob.default, (x, k, lg)),
+        }[name]
+        target, target_args = spelled(*args)
+        return self._node("call_function", target, target_args)
+
+
+class SoftmaxParts:
+    """The pieces of softmax(s) the values need: z = s - max(s) and sum(exp(z)), float32 inside.
+
+    On a Dynamo graph they are emitted when first needed; on a post-grad ATen graph the decomposed
+    softmax already computes them and they are reused as they are (so values are bit-identical there).
+    Rewrites of one softmax share one SoftmaxParts, hence one exp-sum.
+    """
+
+    def __init__(self, emit: Emitter, softmax: Softmax) -> None:
+        self.emit, self.softmax = emit, softmax
+        self._z, self._sum_exp, self._log_sum = softmax.z, softmax.sum_exp, softmax.log_sum
+
+    def z(self) -> Node:
+        if self._z is None:
+            s, emit = self.softmax.scores, self.emit
+            if self.softmax.dtype not in (None, emit.dtype_of(s)):  # softmax(x, dtype=d) computes on x.to(d)
+                s = emit.call("cast", s, self.softmax.dtype)
+            s = emit.to_compute_dtype(s)
+            self._z = emit.call("sub", s, emit.call("amax", s, self.softmax.dim, True))
+        return self._z
+
+    def sum_exp(self) -> Node:
+        if self._sum_exp is None:
+            self._sum_exp = self.emit.call("sum", self.emit.call("exp", self.z()), self.softmax.dim, True)
+        return self._sum_exp
+
+    def log_sum(self) -> Node:
+        if self._log_sum is None:
+            self._log_sum = self.emit.call("log", self.sum_exp())
+        return self._log_sum

@@ -1,0 +1,226 @@
+"""Applying the rewrite: selections from the logits, values from the softmax's exp-sum, the pass driver.
+
+For each selection whose input is a softmax (match.py decides whether it may be rewritten), in graph
+order: emit the index (argmax/argmin, topk of the logits, or draftfuse's selection op), emit the values
+only if something reads them, point the selection's readers at the new nodes, erase what the rewrite
+replaced one node at a time (Dynamo graphs are not functional: graph-wide dead-code elimination would
+delete in-place writes there). New nodes go right after the softmax: that is where the logits held the
+values the selection saw.
+"""
+
+from __future__ import annotations
+
+import logging
+
+import torch
+from torch._dynamo.utils import counters
+
+from draftfuse.graph.effects import Effects
+from draftfuse.graph.selection import as_selection
+from draftfuse.graph.values import Node, fake_tensor, level as graph_level, user_location
+from draftfuse.kernels import selection_kernels_available  # registers torch.ops.draftfuse.*
+from draftfuse.passes.report import PassReport, Refusal, Rewrite
+from draftfuse.passes.softmax_topk.emit import HALF, PASS_NAME, AtenEmitter, Emitter, SoftmaxParts, TorchEmitter
+from draftfuse.passes.softmax_topk.match import Match, Refuse, match
+
+log = logging.getLogger("draftfuse.passes.softmax_topk")
+
+PROBS = ("exact", "ones")
+LOWERINGS = ("torch", "kernels", "auto")
+HALF_PROBS = ("rewrite", "keep")
+
+
+def _has_static_shape(node: Node) -> bool:
+    value = fake_tensor(node)
+    return value is not None and all(isinstance(size, int) for size in value.shape)
+
+
+def _replay_casts(m: Match, emit: Emitter, value: Node) -> Node:
+    """Cast values like the original probabilities, then through the casts the selection saw. A cast
+    down to fp16/bf16 is `draftfuse::round_to`, so that readers fused after it see the rounded value."""
+    for dtype in [m.prob_dtype, *m.prob_casts]:
+        if emit.dtype_of(value) != dtype:
+            value = emit.call("round" if dtype in HALF else "cast", value, dtype)
+    return value
+
+
+def _values(m: Match, parts: SoftmaxParts, index_keepdim: Node, probs: str) -> Node:
+    """The probabilities (or log-probabilities) the selection returned, without the probability tensor."""
+    emit, sel = parts.emit, m.selection
+    if m.k == 1 and probs == "ones" and _has_static_shape(index_keepdim):
+        # greedy chains that never read the probabilities: the constant the caller asked for
+        value = emit.call("zeros_like" if m.log else "ones_like", index_keepdim, m.prob_dtype)
+    elif m.k == 1:
+        # the row maximum of z = s - max(s) is exactly 0 and exp(0) = 1, so p_max = 1 / sum(exp(z))
+        value = emit.call("neg", parts.log_sum()) if m.log else emit.call("reciprocal", parts.sum_exp())
+    else:
+        picked = emit.call("gather", parts.z(), m.dim, index_keepdim)
+        value = emit.call("sub", picked, parts.log_sum()) if m.log else emit.call("div", emit.call("exp", picked), parts.sum_exp())
+    if m.k == 1 and not sel.keepdim:
+        value = emit.call("squeeze", value, m.dim)
+    return _replay_casts(m, emit, value)
+
+
+def _kernel_choice(m: Match, wants_values: bool, lowering: str) -> tuple[bool, str]:
+    """Whether to select with draftfuse's kernels (torch.ops.draftfuse.*), and if not, why."""
+    if lowering == "torch":
+        return False, ""
+    logits = fake_tensor(m.logits)
+    reasons = [
+        (m.dim != logits.dim() - 1, "the kernels reduce the last dim"),
+        # the kernels' probabilities are softmax(logits): a temperature in between would change them
+        (wants_values and m.scaled, "values under a temperature"),
+        (wants_values and m.prob_dtype == torch.float64, "the kernels' probabilities are float32"),
+        (lowering == "auto" and not selection_kernels_available(logits.device, logits.dtype, m.k, logits.stride(-1) == 1),
+         f"they run on CUDA with Triton, k <= 16" + ("" if logits.device.type == "cuda" else f", not on {logits.device.type}")),
+    ]  # fmt: skip
+    why = [reason for failed, reason in reasons if failed]
+    return not why, "; ".join(why)
+
+
+def _select_with_kernel(m: Match, emit: Emitter, wants_values: bool, probs: str) -> tuple[Node, Node | None]:
+    """(index, values or None) from one draftfuse selection op, which reads the logits once."""
+    sel = m.selection
+    if m.k == 1:  # argmax_prob reduces the dim away: put it back for topk and keepdim=True
+        out = emit.call("argmax_prob", m.logits, m.log)
+        index = emit.call("getitem", out, 0)
+        index = emit.call("unsqueeze", index, m.dim) if sel.keepdim else index
+        if not wants_values:
+            return index, None
+        prob = emit.call("getitem", out, 1)
+        prob = emit.call("unsqueeze", prob, m.dim) if sel.keepdim else prob
+    else:
+        out = emit.call("topk_prob", m.logits, m.k, m.log)
+        index = emit.call("getitem", out, 1)
+        if not wants_values:
+            return index, None
+        prob = emit.call("getitem", out, 0)
+    if m.k == 1 and probs == "ones":
+        prob = emit.call("zeros_like" if m.log else "ones_like", index, torch.float32)
+    return index, _replay_casts(m, emit, prob)
+
+
+def _emit(m: Match, parts: SoftmaxParts, wants_values: bool, probs: str, lowering: str) -> tuple[Node, Node | None, str, str]:
+    """Emit the new index and values: (index, values or None, rule, why not the kernels)."""
+    emit, sel = parts.emit, m.selection
+    prefix = "log_" if m.log else ""
+    use_kernel, why_not = _kernel_choice(m, wants_values, lowering)
+    if use_kernel:
+        index, value = _select_with_kernel(m, emit, wants_values, probs)
+        op = "draftfuse.argmax_prob" if m.k == 1 else "draftfuse.topk_prob"
+        return index, value, f"{prefix}softmax+{sel.kind}(k={m.k}) -> {op}", why_not
+    if m.k == 1:
+        if sel.keepdim or not (wants_values and probs == "ones"):
+            index = index_keepdim = emit.call("argmax", m.logits, m.dim, sel.keepdim)
+        else:  # the constant values take the index's shape with the dim kept
+            index_keepdim = emit.call("argmax", m.logits, m.dim, True)
+            index = emit.call("squeeze", index_keepdim, m.dim)
+        rule = f"{prefix}softmax+{sel.kind}(k=1) -> argmax"
+    else:
+        topk = emit.call("topk", m.logits, m.k, m.dim, True, True)
+        index = index_keepdim = emit.call("getitem", topk, 1)
+        rule = f"{prefix}softmax+topk(k={m.k}) -> topk(logits)"
+    value = _values(m, parts, index_keepdim, probs) if wants_values else None
+    return index, value, rule, why_not
+
+
+def _apply(m: Match, parts: SoftmaxParts, probs: str, lowering: str, erased: set[Node]) -> Rewrite:
+    """Rewrite one match in place; the nodes it erases are added to `erased`."""
+    sel = m.selection
+    graph = sel.node.graph
+    readers = {0: [], 1: []}
+    for user in list(sel.node.users) if sel.returns_pair else ():
+        readers[user.args[1]].append(user)
+    wants_values = bool(readers[0])
+    index, value, rule, why_not = _emit(m, parts, wants_values, probs, lowering)
+    # Emitted: now point the readers at the new nodes (nothing below can fail halfway).
+    if not sel.returns_pair:
+        sel.node.replace_all_uses_with(index)
+    for user in readers[1]:
+        user.replace_all_uses_with(index)
+    for user in readers[0]:
+        user.replace_all_uses_with(value)
+    details = [f"dim {m.dim}"]
+    if wants_values:
+        source = "the kernel" if rule.endswith(("argmax_prob", "topk_prob")) else "the exp-sum"
+        kind = "log-probabilities" if m.log else "probabilities"
+        details.append(f"{kind} 1 (probs='ones')" if (probs == "ones" and m.k == 1) else f"{kind} from {source}")
+    if why_not:
+        details.append(f"not the kernels: {why_not}")
+    if m.half:
+        read = m.prob_casts[-1] if m.prob_casts else m.prob_dtype
+        details.append(f"reads {str(read).removeprefix('torch.')} probabilities: a rounding tie picks the larger logit")
+    detail = "; ".join(details)
+    for node in [*readers[0], *readers[1], *m.matched]:
+        if not node.users and node.op != "placeholder" and node not in erased:
+            graph.erase_node(node)
+            erased.add(node)
+    counters["draftfuse"][f"{PASS_NAME}.{'k1' if m.k == 1 else 'topk'}"] += 1
+    return Rewrite(rule, tuple(n.name for n in m.matched if n.op != "placeholder"), detail, user_location(sel.node))
+
+
+def _erase_unused(nodes: list[Node]) -> None:
+    for node in reversed(nodes):
+        if not node.users:
+            node.graph.erase_node(node)
+
+
+def rewrite_graph(graph: torch.fx.Graph, *, probs: str = "exact", lowering: str = "torch", half_probs: str = "rewrite") -> PassReport:
+    """Rewrite every softmax -> selection of `graph` in place and report; never raises on a graph."""
+    level = graph_level(graph)
+    report = PassReport(PASS_NAME)
+    emitter_cls = AtenEmitter if level == "aten" else TorchEmitter
+    parts_by_softmax: dict[Node, SoftmaxParts] = {}
+    erased: set[Node] = set()
+    effects = Effects(graph)
+    for node in list(graph.nodes):
+        sel = as_selection(node) if node not in erased else None
+        if sel is None or sel.kind in ("argmax_prob", "topk_prob"):
+            continue
+        try:
+            m = match(sel, level, effects)
+            if m is not None and m.half and half_probs == "keep":
+                raise Refuse(f'reads {str(m.prob_casts[-1] if m.prob_casts else m.prob_dtype).removeprefix("torch.")} probabilities and half_probs="keep"')
+        except Refuse as refusal:
+            report.refusals.append(Refusal(node.name, str(refusal), user_location(node)))
+            continue
+        except Exception as error:  # a bug of ours: refuse, never break the compile
+            log.warning("%s: internal error on %s", PASS_NAME, node.name, exc_info=True)
+            report.refusals.append(Refusal(node.name, f"internal error: {error!r}", user_location(node)))
+            continue
+        if m is None:
+            continue
+        parts = parts_by_softmax.get(m.softmax.node)
+        if parts is None:
+            parts = SoftmaxParts(emitter_cls(origin=node, cursor=m.softmax.node), m.softmax)
+        parts.emit.origin = node
+        start = parts.emit.cursor
+        try:
+            report.rewrites.append(_apply(m, parts, probs, lowering, erased))
+        except Exception as error:
+            log.warning("%s: internal error rewriting %s", PASS_NAME, node.name, exc_info=True)
+            emitted = []
+            cursor = start.next
+            while cursor is not parts.emit.cursor.next and cursor.op != "root":
+                emitted.append(cursor)
+                cursor = cursor.next
+            _erase_unused(emitted)
+            parts_by_softmax.pop(m.softmax.node, None)
+            report.refusals.append(Refusal(node.name, f"internal error: {error!r}", user_location(node)))
+            continue
+        parts_by_softmax[m.softmax.node] = parts
+        effects = Effects(graph)
+    if level == "aten":
+        graph.eliminate_dead_code()  # post-grad graphs are functional: safe here, and only here
+    if probs == "ones":
+        report.notes.append('probs="ones": k = 1 values are the constant 1 (0 for log_softmax)')
+    if any(" probabilities: a rounding tie" in r.detail for r in report.rewrites):
+        report.notes.append('selections that read fp16/bf16 probabilities were rewritten; half_probs="keep" leaves them')
+    return report
+
+
+def check_options(probs: str, lowering: str, half_probs: str) -> None:
+    for name, value, choices in (("probs", probs, PROBS), ("lowering", lowering, LOWERINGS), ("half_probs", half_probs, HALF_PROBS)):
+        if value not in choices:
+            raise ValueError(f"draftfuse: {name} must be one of {choices}, not {value!r}")
+

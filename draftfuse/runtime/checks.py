@@ -1,0 +1,187 @@
+"""Capture checks on a prepared Dynamo graph: what keeps it from being one CUDA-graph replay.
+
+  * host reads traced into the graph (torch 2.13 traces `.item()` under fullgraph): `item`, `tolist`,
+    `cpu`, `numpy`, `nonzero`, `aten._local_scalar_dense`, any copy from an accelerator to the CPU.
+    A `.item()` of an input Dynamo made from a Python number (a module's float attribute such as
+    RMSNorm's eps under dynamic=True) reads no device memory and is not one;
+  * a CPU tensor input on an accelerator draft (CUDA graphs skip such graphs);
+  * a dynamic shape, unless the caller asked for dynamic=True;
+  * inputs the draft writes in place (`written_inputs`, from draftfuse.graph.effects): a KV cache must
+    keep its address, so the runtime marks it static and checks its address on every call.
+They run after the Dynamo-level passes: the seed fold removes host round trips that only existed at
+the old seam.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+from typing import Any
+
+import torch
+from torch.fx.experimental.symbolic_shapes import free_symbols
+
+from draftfuse.graph.effects import Effects, defines_unbacked_symbols
+from draftfuse.graph.values import Node, fake, fake_tensor, input_name, is_python_number, user_location
+from draftfuse.runtime.errors import CudagraphSkipError, DraftCaptureError, HostSyncError
+
+_HOST_READ_METHODS = {"item", "tolist", "cpu", "numpy", "nonzero"}
+_HOST_READ_FUNCTIONS = {torch.ops.aten._local_scalar_dense.default, torch.nonzero, torch.ops.aten.nonzero.default}
+
+DATA_DEPENDENT_FIX = (
+    "keep data-dependent sizes out of the draft: pad to a static size (fixed-size topk, masks instead of "
+    "boolean indexing, torch.where instead of nonzero), or build what needs the host's view (a tree from "
+    "unique ids, a list) after the draft returns"
+)
+HOST_SYNC_FIX = (
+    "keep the value on the device: use it in tensor ops (torch.where instead of a Python branch, a tensor "
+    "index instead of a Python int, a fixed-size padded tensor instead of a list), or read it after the draft returns"
+)
+
+
+@dataclasses.dataclass(frozen=True)
+class WrittenInput:
+    """A graph input that the draft writes in place (a KV cache, usually)."""
+
+    index: int  # position among the graph's inputs (what the compiled graph is called with)
+    name: str  # the user's name for it: "kv_cache", "self.kv_cache"
+    where: str  # file:line of its first in-place write, when known
+    static: bool  # already static: a parameter, a buffer, or marked with mark_static_address
+
+
+def _first_use(node: Node) -> str:
+    for user in node.users:
+        if where := user_location(user):
+            return where
+    return ""
+
+
+def draft_device(gm: torch.fx.GraphModule) -> torch.device:
+    """The device the draft computes on: its first non-CPU tensor input, else the CPU."""
+    for node in gm.graph.find_nodes(op="placeholder"):
+        value = fake_tensor(node)
+        if value is not None and value.device.type != "cpu":
+            return value.device
+    return torch.device("cpu")
+
+
+def host_read(node: Node) -> str | None:
+    """What host read `node` is ("`.item()`", ...), or None."""
+    if node.op == "call_method" and node.target in _HOST_READ_METHODS or node.op == "call_function" and node.target in _HOST_READ_FUNCTIONS:
+        source = node.args[0] if node.args else None
+        if isinstance(source, Node) and source.op == "placeholder" and is_python_number(source):
+            return None  # a Python number Dynamo passes as a CPU tensor: no device value is read
+        name = node.target if node.op == "call_method" else getattr(node.target, "__name__", node.target)
+        return f"`.{name}()`" if node.op == "call_method" else f"`{name}`"
+    if node.op in ("call_method", "call_function"):
+        value = fake_tensor(node)
+        if value is not None and value.device.type == "cpu":
+            sources = [fake_tensor(a) for a in node.all_input_nodes]
+            if any(s is not None and s.device.type != "cpu" for s in sources):
+                return f"a copy to the CPU (`{node.target}`)"
+    return None
+
+
+def obstacles(gm: torch.fx.GraphModule, *, allow_dynamic: bool) -> list[DraftCaptureError]:
+    """Everything in the Dynamo graph that keeps it from being one CUDA-graph replay, in graph order."""
+    found: list[DraftCaptureError] = []
+    for node in gm.graph.nodes:
+        if read := host_read(node):
+            found.append(HostSyncError(
+                f"{read} reads a device value on the host inside the draft: the CPU waits for the GPU there "
+                "and CUDA graphs cannot capture it",
+                where=user_location(node), fix=HOST_SYNC_FIX,
+            ))  # fmt: skip
+        elif node.op != "placeholder" and defines_unbacked_symbols(node):
+            name = node.target if isinstance(node.target, str) else getattr(node.target, "__name__", node.target)
+            found.append(HostSyncError(
+                f"`{name}` makes a tensor whose size depends on the data: the host must read that size "
+                "to allocate it, so the CPU waits for the GPU there and CUDA graphs cannot capture it",
+                where=user_location(node), fix=DATA_DEPENDENT_FIX,
+            ))  # fmt: skip
+    device = draft_device(gm)
+    placeholders = gm.graph.find_nodes(op="placeholder")
+    for node in placeholders:
+        value = fake_tensor(node)
+        if device.type != "cpu" and value is not None and value.device.type == "cpu" and not is_python_number(node):
+            found.append(CudagraphSkipError(
+                f"input {input_name(node)!r} is a CPU tensor in a draft on {device}: CUDA graphs skip graphs with CPU inputs",
+                where=_first_use(node), fix=f"create it on {device} (or pass a Python number for a scalar)",
+            ))  # fmt: skip
+    dynamic = [node for node in placeholders if free_symbols(fake(node)) and not is_python_number(node)]
+    if dynamic and not allow_dynamic:
+        # Dynamo adds the sizes as inputs of their own ("x.size()[0]"): show the first input used on a line.
+        located = next((node for node in dynamic if _first_use(node)), dynamic[0])
+        found.append(CudagraphSkipError(
+            f"dynamic shape: input(s) {', '.join(repr(input_name(n)) for n in dynamic)} are symbolic: every new size "
+            "re-records the CUDA graph, and Inductor skips CUDA graphs for data-dependent sizes",
+            where=_first_use(located),
+            fix="keep shapes fixed across calls (pad to a few fixed batch sizes), or pass dynamic=True to "
+            "draft_loop if one CUDA graph per size is what you want",
+        ))  # fmt: skip
+    return found
+
+
+def written_inputs(gm: torch.fx.GraphModule) -> list[WrittenInput]:
+    """Graph inputs the draft writes in place (through any view of them), with their first write."""
+    placeholders = gm.graph.find_nodes(op="placeholder")
+    written = Effects(gm.graph).written_inputs()
+    return [
+        WrittenInput(index, input_name(node), user_location(written[node]), _is_static(node))
+        for index, node in enumerate(placeholders)
+        if node in written
+    ]
+
+
+def _is_static(placeholder: Node) -> bool:
+    return bool(placeholder.meta.get("tensor_dict", {}).get("_dynamo_static_input_type"))
+
+
+def make_static(gm: torch.fx.GraphModule, example_inputs: list[Any], written: WrittenInput) -> None:
+    """Mark a written input static, for this compile and the next ones.
+
+    mark_static_address on the real tensor covers later traces; this graph was traced before, so its
+    placeholder gets the same mark Dynamo would have recorded (`tensor_dict`), which AOT autograd reads
+    to tell CUDA graphs which inputs keep their address. torch's own mark_static_input does the same.
+    Unguarded: the runtime checks the address on every call and raises instead of re-recording.
+    """
+    torch._dynamo.mark_static_address(example_inputs[written.index], guard=False)
+    placeholder = gm.graph.find_nodes(op="placeholder")[written.index]
+    placeholder.meta.setdefault("tensor_dict", {})["_dynamo_static_input_type"] = "unguarded"
+
+
+def moved_input_error(written: WrittenInput) -> CudagraphSkipError:
+    """The error for a written input whose address changed since the draft was compiled."""
+    return CudagraphSkipError(
+        f"input {written.name!r} is written in place by the draft but is a different tensor than on the "
+        "first call: a CUDA graph writes to the address it recorded, so it would re-record (or write "
+        "into the old tensor)",
+        where=written.where,
+        fix=f"allocate {written.name!r} once and pass the same tensor on every call (copy_ new contents into it)",
+    )
+
+
+def describe_value(value: Any) -> str:
+    """A short description of an argument, as a guard on it sees it."""
+    if isinstance(value, torch.Tensor):
+        layout = "" if value.is_contiguous() else f", strides {tuple(value.stride())}"
+        return f"{str(value.dtype).removeprefix('torch.')} of shape {tuple(value.shape)}{layout} on {value.device}"
+    text = repr(value)
+    return text if len(text) <= 60 else f"{type(value).__name__} object"
+
+
+def last_guard_failure(code: Any) -> str:
+    """Dynamo's last recorded guard failure for a code object (why it recompiled), or ""."""
+    failures = torch._dynamo.utils.guard_failures.get(code) or []
+    if not failures:
+        return ""
+    # "0/3: steps == 1      # for _ in range(steps):  # file:line" -> "steps == 1"
+    reason = str(failures[-1]).splitlines()[0].split("#")[0]
+    return re.sub(r"^\d+/\d+: ", "", reason).strip()
+
+
+def describe_change(before: dict[str, str], after: dict[str, str]) -> str:
+    """Which call arguments differ between two calls: "hidden: float32 of shape (9, 128) ..., was ..."."""
+    changes = [f"{name}: {value}, was {before.get(name, '<absent>')}" for name, value in after.items() if before.get(name) != value]
+    changes += [f"{name}: <absent>, was {value}" for name, value in before.items() if name not in after]
+    return "; ".join(changes)

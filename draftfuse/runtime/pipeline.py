@@ -1,0 +1,97 @@
+"""The compile pipeline, in two steps that `torch.compile`'s backend, `draft_loop` and `explain` share:
+
+    prepare(gm, options) -> Prepared        draftfuse's passes on the Dynamo graph (seed fold, then
+                                            softmax -> topk), each with its report
+    lower(prepared, example_inputs, options) -> compiled
+                                            Inductor (compile_fx) with `options.inductor` and
+                                            draftfuse's post-grad pass (softmax -> topk after
+                                            decomposition, setup merging)
+
+`draft_loop` runs its capture checks between the two; `explain` runs prepare and the checks only.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import torch
+from torch._inductor.compile_fx import compile_fx
+
+from draftfuse.graph.values import argument_name, carry_dynamo_metadata
+from draftfuse.options import Options
+from draftfuse.passes.post_grad import PostGradPass
+from draftfuse.passes.report import PassReport
+from draftfuse.passes.seed_fold import fold_seed
+from draftfuse.passes.softmax_topk import rewrite_softmax_topk
+
+log = logging.getLogger("draftfuse")
+_POST_GRAD_KEY = "post_grad_custom_pre_pass"
+
+
+@dataclasses.dataclass
+class Prepared:
+    """A Dynamo graph after draftfuse's Dynamo-level passes."""
+
+    traced: torch.fx.GraphModule  # as Dynamo handed it over
+    graph_module: torch.fx.GraphModule  # after the passes
+    reports: list[PassReport]  # one per pass, in pipeline order
+
+
+@dataclasses.dataclass
+class CompileRecord:
+    """What the pipeline did with one Dynamo graph: its reports, before and after Inductor's decomposition."""
+
+    prepared: Prepared
+    post_grad: PostGradPass | None  # None when no post-grad pass was installed
+    config_patches: dict[str, Any]  # what compile_fx was given
+    options: Options
+
+    @property
+    def reports(self) -> list[PassReport]:
+        """Dynamo-level reports, then post-grad ones (none on an FX graph cache hit: the pass did not run)."""
+        return self.prepared.reports + (self.post_grad.reports if self.post_grad else [])
+
+
+def _dynamo_passes(options: Options) -> list[Callable[[torch.fx.GraphModule], Any]]:
+    passes: list[Callable[[torch.fx.GraphModule], Any]] = []
+    if options.seed_fold:
+        passes.append(fold_seed)
+    if options.softmax_topk:
+        passes.append(
+            lambda gm: rewrite_softmax_topk(gm, probs=options.probs, lowering=options.lowering, half_probs=options.half_probs)
+        )
+    return passes
+
+
+def prepare(gm: torch.fx.GraphModule, options: Options) -> Prepared:
+    """Run draftfuse's Dynamo-level passes on a Dynamo graph (each returns a new GraphModule)."""
+    if log.isEnabledFor(logging.INFO):
+        log.info("draftfuse: Dynamo graph:\n%s", gm.print_readable(print_output=False))
+    current, reports = gm, []
+    for run_pass in _dynamo_passes(options):
+        result = run_pass(current)
+        carry_dynamo_metadata(current, result.graph_module)
+        current = result.graph_module
+        reports.append(result.report)
+    return Prepared(gm, current, reports)
+
+
+def lower(prepared: Prepared, example_inputs: Sequence[Any], options: Options) -> tuple[Callable[..., Any], CompileRecord]:
+    """Compile a prepared graph with Inductor, draftfuse's post-grad pass installed."""
+    patches = dict(options.inductor)
+    post_grad = None
+    if options.softmax_topk or options.seed_fold:
+        user_pass = patches.get(_POST_GRAD_KEY, torch._inductor.config.post_grad_custom_pre_pass)
+        names = [argument_name(p) for p in prepared.graph_module.graph.find_nodes(op="placeholder")]
+        post_grad = PostGradPass(options, user_pass=user_pass, input_names=names)
+        patches[_POST_GRAD_KEY] = post_grad
+    gm = prepared.graph_module
+    if log.isEnabledFor(logging.INFO):
+        log.info("draftfuse: graph handed to Inductor (config %s):\n%s", patches, gm.print_readable(print_output=False))
+    compiled = compile_fx(gm, example_inputs, config_patches=patches)
+    if post_grad is not None and not post_grad.reports:
+        log.info("draftfuse post-grad passes: not run, FX graph cache hit")
+    return compiled, CompileRecord(prepared, post_grad, patches, options)

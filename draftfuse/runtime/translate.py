@@ -1,0 +1,132 @@
+"""One translator from what torch raises (or records) while capturing a draft to the DraftCaptureError
+a draft's author should get: the cause in plain words, the user's file:line, a fix that fits a draft.
+
+`draft_loop` and `fold` translate the exceptions of a compile (`from_exception`), `explain` the graph
+breaks Dynamo records (`from_break`); both go through `_classify`, so they agree. Dynamo's own hints
+are not repeated: for a host read they suggest tracing the read into the graph
+(capture_scalar_outputs), which still syncs with the host on every call; a draft needs the value kept
+on the device, a padded static size, or the work moved after the draft.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+import torch
+from torch.fx.experimental.symbolic_shapes import GuardOnDataDependentSymNode
+
+from draftfuse.runtime.checks import DATA_DEPENDENT_FIX, HOST_SYNC_FIX
+from draftfuse.runtime.errors import CudagraphSkipError, DraftCaptureError, GraphBreakError, HostSyncError, RecompileError
+
+SKIP_MESSAGE = "skipping cudagraphs due to"
+_HOST_READ = re.compile(
+    r"\b(item|tolist|numpy|nonzero|unique|_local_scalar_dense|data-dependent|data dependent|dynamic shape operator)\b"
+    r"|depends on (the )?input data",
+    re.I,
+)
+_CONFIG_ADVICE = re.compile(r"\s*\(?\b(with|set|setting)?\s*(torch\._dynamo\.config\.)?capture_\w+\s*=\s*\w+\)?", re.I)
+_BRANCH = re.compile(r"branch|jump|if statement|control flow", re.I)
+
+
+def _location(exc: BaseException) -> str:
+    stack = getattr(exc, "real_stack", None)
+    if stack:
+        return f"{stack[-1].filename}:{stack[-1].lineno}"
+    matches = re.findall(r'File "([^"]+)", line (\d+)', str(exc))
+    return f"{matches[-1][0]}:{matches[-1][1]}" if matches else ""
+
+
+def _classify(title: str, explanation: str, where: str, first_host_read: str = "") -> DraftCaptureError:
+    """The error for a graph break or tracing failure described by Dynamo's title and explanation."""
+    title = _CONFIG_ADVICE.sub("", title).strip()  # "... call with capture_scalar_outputs=False": not a fix for a draft
+    text = f"{title} {explanation}"
+    if _BRANCH.search(title):
+        fix = "compute both sides and pick with torch.where (or use torch.cond): a draft must not decide on the host"
+        return GraphBreakError(f"graph break: {title}" + (f" ({explanation})" if explanation else ""), where=where, fix=fix)
+    if _HOST_READ.search(text):
+        cause = f"graph break: {title}: reads a device value on the host"
+        if first_host_read and first_host_read != where:
+            cause += f" (the data-dependent value comes from {first_host_read})"
+        fix = DATA_DEPENDENT_FIX if re.search(r"data.dependent|unique|nonzero|tolist|dynamic shape|input data", text, re.I) else HOST_SYNC_FIX
+        return HostSyncError(cause, where=first_host_read or where, fix=fix)
+    fix = "move this call out of the draft (before or after it), or make it traceable: torch.compiler.allow_in_graph, or a torch.library custom op"
+    return GraphBreakError(f"graph break: {title}" + (f" ({explanation})" if explanation else ""), where=where, fix=fix)
+
+
+def _skip_error(text: str) -> CudagraphSkipError:
+    reason = text[text.index(SKIP_MESSAGE) + len(SKIP_MESSAGE) :].strip().splitlines()[0].rstrip(".:")
+    matches = re.findall(r'File "([^"]+)", line (\d+)', text)
+    return CudagraphSkipError(
+        f"Inductor skips CUDA graphs for this draft: {reason}",
+        where=f"{matches[-1][0]}:{matches[-1][1]}" if matches else "",
+        fix="make the draft's inputs device tensors of fixed shape, and mark tensors it writes in place "
+        "static (torch._dynamo.mark_static_address)",
+    )
+
+
+def _lines(text: str) -> list[str]:
+    return [line.strip() for line in text.splitlines() if line.strip()]
+
+
+def from_exception(exc: BaseException, first_host_read: str = "") -> DraftCaptureError | None:
+    """The DraftCaptureError that `exc` (raised by a draft's compile or call) stands for; None for an
+    error that is torch's own (a bug to report) rather than the draft's. `first_host_read` is the
+    file:line of the draft's first data-dependent value, where the caller found it."""
+    if isinstance(exc, torch._dynamo.exc.BackendCompilerFailed):
+        exc = exc.inner_exception  # the backend's own error, raised while compiling
+    if isinstance(exc, DraftCaptureError):
+        return exc
+    if isinstance(exc, torch._dynamo.exc.FailOnRecompileLimitHit):
+        return RecompileError(
+            "torch's recompile limit was reached for the draft's code (torch._dynamo.config.recompile_limit)",
+            fix="pass the values that change as tensors, keep shapes fixed, or raise max_compiles",
+        )
+    if isinstance(exc, GuardOnDataDependentSymNode) or is_data_dependent(exc):
+        lines = _lines(str(exc))
+        title = lines[0] if lines else type(exc).__name__
+        return _classify(f"data-dependent value read on the host ({title})", "", _location(exc), first_host_read)
+    if isinstance(exc, (torch._dynamo.exc.Unsupported, torch._dynamo.exc.UserError)):
+        text = str(getattr(exc, "msg", "") or exc)
+        lines = _lines(text)
+        title = getattr(exc, "gb_type", "") or (lines[0] if lines else type(exc).__name__)
+        explanation = next((ln.removeprefix("Explanation:").strip() for ln in lines if ln.startswith("Explanation:")), "")
+        return _classify(title, explanation, _location(exc), first_host_read)
+    if SKIP_MESSAGE in str(exc):
+        return _skip_error(str(exc))
+    if type(exc).__name__ == "InductorError" or isinstance(exc, torch._dynamo.exc.BackendCompilerFailed):
+        lines = _lines(str(exc))
+        return DraftCaptureError(
+            f"torch's compiler (Inductor) failed on this draft, a torch bug rather than the draft's: {lines[0] if lines else type(exc).__name__}",
+            fix="report it to PyTorch with the draft (the cause below has torch's own error); meanwhile compile "
+            "the draft without the construct that triggers it, or with options that avoid it",
+        )
+    if isinstance(exc, torch._dynamo.exc.TorchRuntimeError):
+        lines = _lines(str(exc))
+        return DraftCaptureError(
+            f"the draft raised an error while traced: {lines[0] if lines else type(exc).__name__}",
+            where=_location(exc),
+            fix="run the draft eagerly with the same arguments: it raises the same error there",
+        )
+    return None
+
+
+def is_data_dependent(exc: BaseException) -> bool:
+    """Whether `exc` (or what it wraps) is a failure to read a data-dependent value at trace time."""
+    seen = set()
+    while exc is not None and id(exc) not in seen:
+        seen.add(id(exc))
+        if isinstance(exc, GuardOnDataDependentSymNode) or type(exc).__name__ in ("DataDependentOutputException", "DynamicOutputShapeException"):
+            return True
+        exc = getattr(exc, "inner_exception", None) or exc.__cause__
+    return False
+
+
+def from_break(reason: Any) -> DraftCaptureError:
+    """A graph break Dynamo recorded (torch._dynamo.explain's GraphCompileReason), as draft_loop's error."""
+    lines = _lines(reason.reason)
+    frame = reason.user_stack[-1] if reason.user_stack else None
+    where = f"{frame.filename}:{frame.lineno}" if frame else ""
+    title = lines[0] if lines else "graph break"
+    explanation = next((ln.removeprefix("Explanation:").strip() for ln in lines if ln.startswith("Explanation:")), "")
+    return _classify(title.removeprefix("Graph Break Reason: "), explanation, where)

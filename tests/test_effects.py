@@ -1,0 +1,199 @@
+"""The effects model (draftfuse.graph.effects) and the writes it makes the softmax -> topk rewrite refuse.
+
+Public samplers write the probabilities between the softmax and the selection (Gumbel division in
+place, bans, reweighting) and penalties write the logits (`x += penalty`): the rewrite must see each
+such write, through any view, and still rewrite when the write goes to a copy. Each case runs the
+rewritten graph against eager on the same inputs: selected tokens equal, inputs' final contents equal.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from draftfuse.graph.effects import Effects, is_random, written_values
+from draftfuse.passes.softmax_topk import rewrite_softmax_topk
+from tests._graphs import dynamo_graph
+
+torch.manual_seed(0)
+X = torch.randn(4, 16) * 3
+Q = torch.rand(4, 16) + 0.5  # exponential draws, pre-drawn so eager and compiled can be compared
+BANNED = torch.tensor([0, 3, 7])
+
+
+def run_both(fn, *args):
+    """The pass's report, after checking the rewritten graph computes what eager computes."""
+    gm = dynamo_graph(fn, *[a.clone() for a in args])
+    result = rewrite_softmax_topk(gm)
+    eager_args = [a.clone() for a in args]
+    graph_args = [a.clone() for a in args]
+    want = fn(*eager_args)
+    got = result.graph_module(*graph_args)
+    for w, g in zip(torch.utils._pytree.tree_leaves(want), torch.utils._pytree.tree_leaves(got)):
+        if w.dtype.is_floating_point:
+            torch.testing.assert_close(g, w)
+        else:
+            assert torch.equal(g, w), (g, w)
+    for w, g in zip(eager_args, graph_args):
+        assert torch.equal(w, g), "an input's final contents differ"
+    return result.report
+
+
+# ---- writes to the probabilities: refused (each picked a wrong token before wave 2) ----
+
+
+def gumbel_div_in_place(x, q):
+    probs = torch.softmax(x, -1)
+    return probs.div_(q).argmax(-1)
+
+
+def ban_by_setitem(x, banned):
+    probs = x.softmax(-1)
+    probs[:, banned] = 0
+    return probs.topk(2, -1)
+
+
+def masked_fill_in_place(x, q):
+    probs = torch.softmax(x, -1)
+    probs.masked_fill_(q > 1.2, 0.0)
+    return probs.max(-1)
+
+
+def reweight_mul_in_place(x, q):
+    probs = torch.softmax(x, -1)
+    probs.mul_(q)
+    return probs.topk(1, dim=-1)
+
+
+def reweight_imul(x, q):
+    probs = torch.softmax(x, -1)
+    probs *= q
+    return torch.argmax(probs, dim=-1)
+
+
+def write_through_transpose(x, q):
+    probs = torch.softmax(x, -1)
+    probs.t().mul_(q.t())
+    return probs.argmax(-1)
+
+
+def write_through_cast_alias(x, q):
+    probs = torch.softmax(x, -1).float()  # float() of float32 is the same tensor
+    probs.div_(q)
+    return probs.argmax(-1)
+
+
+@pytest.mark.parametrize(
+    "fn, second",
+    [
+        (gumbel_div_in_place, Q), (ban_by_setitem, BANNED), (masked_fill_in_place, Q), (reweight_mul_in_place, Q),
+        (reweight_imul, Q), (write_through_transpose, Q), (write_through_cast_alias, Q),
+    ],
+)  # fmt: skip
+def test_a_write_to_the_probabilities_refuses_the_rewrite(fn, second):
+    report = run_both(fn, X, second)
+    assert report.rewrites == [], str(report)
+    (refusal,) = report.refusals
+    assert "probabilities are written in place" in refusal.reason
+    assert "test_effects.py:" in refusal.where
+
+
+def test_a_write_to_a_clone_of_the_probabilities_does_not_block_it():
+    def f(x, q):
+        probs = torch.softmax(x, -1)
+        noisy = probs.clone()
+        noisy.div_(q)
+        return probs.argmax(-1), noisy
+
+    report = run_both(f, X, Q)
+    assert len(report.rewrites) == 1 and report.refusals == []
+
+
+# ---- writes to the logits ----
+
+
+def test_a_penalty_added_in_place_after_the_temperature_read_refuses():
+    # Dynamo records `x += penalty` as operator.iadd: a write like any other
+    def f(x, q):
+        scaled = x / 0.7
+        x += q
+        return torch.softmax(scaled, -1).argmax(-1)
+
+    report = run_both(f, X, Q)
+    assert report.rewrites == [] and "logits are written in place" in report.refusals[0].reason
+
+
+def test_a_write_to_the_logits_after_the_softmax_does_not_matter():
+    # the rewrite selects where the softmax read the logits, before the write
+    def f(x, q):
+        probs = torch.softmax(x, -1)
+        x.mul_(q)
+        return probs.topk(2, -1), x
+
+    report = run_both(f, X, Q)
+    assert len(report.rewrites) == 1, str(report)
+
+
+def test_logits_written_through_an_out_argument_refuse():
+    def f(x, q):
+        scaled = x * 2.0
+        torch.add(x, q, out=x)
+        return torch.softmax(scaled, -1).argmax(-1)
+
+    report = run_both(f, X, Q)
+    assert report.rewrites == [] and "add" in report.refusals[0].reason
+
+
+# ---- the model itself ----
+
+
+def _graph(fn, *args):
+    return dynamo_graph(fn, *args).graph
+
+
+def test_views_share_memory_and_writes_through_them_are_seen():
+    def f(pool, layer, x):
+        y = torch.einsum("ij->ji", x)  # einsum returns a view here
+        y.add_(1)
+        layer.mul_(2)
+        o = torch.empty_like(x)
+        torch.add(x, 1, out=o)
+        torch._foreach_add_([x], 1)
+        return pool.sum(), o
+
+    pool = torch.zeros(4, 4)
+    graph = _graph(f, pool, pool[1], torch.randn(3, 3))
+    effects = Effects(graph)
+    nodes = {n.name: n for n in graph.nodes}
+    placeholders = {str(n.target): n for n in graph.find_nodes(op="placeholder")}
+    pool_node, layer_node, x_node = placeholders["L_pool_"], placeholders["L_layer_"], placeholders["L_x_"]
+    assert effects.may_share(pool_node, layer_node), "a pool and a view of it passed together share memory"
+    assert effects.may_share(nodes["y"], x_node), "einsum's view"
+    written = effects.written_inputs()
+    assert set(written) == {pool_node, layer_node, x_node}
+    assert written[x_node].name == "add_"  # the first write of x is through the einsum view
+    assert effects.writers([nodes["o"]], nodes["o"]), "the out= call writes o"
+    foreach = next(n for n in graph.nodes if n.target is torch._foreach_add_)
+    assert x_node in written_values(foreach)
+
+
+def test_in_place_operators_and_unknown_calls():
+    graph = _graph(lambda x: x.add(1), torch.randn(2))
+    node = next(n for n in graph.nodes if n.op == "call_method")
+    assert written_values(node) == [] and not is_random(node)
+
+    def user_function(t):  # not torch's: its effects are unknown
+        return t
+
+    fake_node = torch.fx.Graph().call_function(user_function, (node,))
+    assert written_values(fake_node) is None and is_random(fake_node)
+
+
+@pytest.mark.parametrize("op", [torch.binomial, torch.poisson, torch.bernoulli])
+def test_randomness_comes_from_the_op_tag(op):
+    def f(x):
+        return op(x) if op is not torch.binomial else op(x, x)
+
+    graph = _graph(f, torch.rand(3))
+    node = next(n for n in graph.nodes if n.target is op)
+    assert is_random(node)
