@@ -137,7 +137,7 @@ def test_user_post_grad_pass_is_chained_with_ours():
     (record,) = recording.compiles
     chained = record.config_patches["post_grad_custom_pre_pass"]
     assert user_pass.calls == 1 and record.post_grad is chained and chained.reports
-    assert chained.uuid()[-1] == "counting-pass"
+    assert "counting-pass" in chained.uuid()
     assert PostGradPass(Options(), user_pass=lambda graph: None).uuid() is None  # no uuid: no cache
 
 

@@ -185,8 +185,8 @@ class GraphModule(torch.nn.Module):
         argmax_default_1: "i64[4]" = torch.ops.aten.argmax.default(arg0_1, 1, False);  arg0_1 = None
         neg_default: "f32[4, 1]" = torch.ops.aten.neg.default(log);  log = None
         squeeze_dim: "f32[4]" = torch.ops.aten.squeeze.dim(neg_default, 1);  neg_default = None
-        convert_element_type_default: "bf16[4]" = torch.ops.prims.convert_element_type.default(squeeze_dim, torch.bfloat16);  squeeze_dim = None
-        return (reciprocal_default, argmax_default, convert_element_type_default, argmax_default_1)
+        round_to_default: "bf16[4]" = torch.ops.draftfuse.round_to.default(squeeze_dim, torch.bfloat16);  squeeze_dim = None
+        return (reciprocal_default, argmax_default, round_to_default, argmax_default_1)
 """)
 
     def test_probs_ones_and_softmax_kept(self):
@@ -285,12 +285,12 @@ class GraphModule(torch.nn.Module):
         argmax_prob_default = torch.ops.draftfuse.argmax_prob.default(arg0_1, False)
         getitem_4: "i64[4]" = argmax_prob_default[0]
         getitem_5: "f32[4]" = argmax_prob_default[1];  argmax_prob_default = None
-        convert_element_type_default: "bf16[4]" = torch.ops.prims.convert_element_type.default(getitem_5, torch.bfloat16);  getitem_5 = None
+        round_to_default: "bf16[4]" = torch.ops.draftfuse.round_to.default(getitem_5, torch.bfloat16);  getitem_5 = None
         topk_prob_default = torch.ops.draftfuse.topk_prob.default(arg0_1, 4, False);  arg0_1 = None
         getitem_6: "i64[4, 4]" = topk_prob_default[1]
         getitem_7: "f32[4, 4]" = topk_prob_default[0];  topk_prob_default = None
-        convert_element_type_default_1: "bf16[4, 4]" = torch.ops.prims.convert_element_type.default(getitem_7, torch.bfloat16);  getitem_7 = None
-        return (convert_element_type_default, getitem_4, convert_element_type_default_1, getitem_6)
+        round_to_default_1: "bf16[4, 4]" = torch.ops.draftfuse.round_to.default(getitem_7, torch.bfloat16);  getitem_7 = None
+        return (round_to_default, getitem_4, round_to_default_1, getitem_6)
 """)
 
 

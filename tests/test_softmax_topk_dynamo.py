@@ -285,9 +285,9 @@ class GraphModule(torch.nn.Module):
         sum_1: "f32[4, 1]" = torch.sum(exp, dim = 1, keepdim = True);  exp = None
         reciprocal: "f32[4, 1]" = torch.reciprocal(sum_1);  sum_1 = None
         squeeze: "f32[4]" = torch.squeeze(reciprocal, dim = 1);  reciprocal = None
-        to_2: "bf16[4]" = squeeze.to(torch.bfloat16);  squeeze = None
-        to_3: "f32[4]" = to_2.to(torch.float32);  to_2 = None
-        return (to_3, argmax)
+        round_to_default: "bf16[4]" = torch.ops.draftfuse.round_to.default(squeeze, torch.bfloat16);  squeeze = None
+        to_2: "f32[4]" = round_to_default.to(torch.float32);  round_to_default = None
+        return (to_2, argmax)
 """)
 
     def test_positive_dim_rank3_keepdim(self):

@@ -127,13 +127,14 @@ def written_inputs(gm: torch.fx.GraphModule) -> list[WrittenInput]:
     placeholders = gm.graph.find_nodes(op="placeholder")
     written = Effects(gm.graph).written_inputs()
     return [
-        WrittenInput(index, input_name(node), user_location(written[node]), _is_static(node))
+        WrittenInput(index, input_name(node), user_location(written[node]), is_static(node))
         for index, node in enumerate(placeholders)
         if node in written
     ]
 
 
-def _is_static(placeholder: Node) -> bool:
+def is_static(placeholder: Node) -> bool:
+    """A parameter, a buffer, or a tensor marked static: CUDA graphs read it where it is."""
     return bool(placeholder.meta.get("tensor_dict", {}).get("_dynamo_static_input_type"))
 
 
@@ -158,6 +159,16 @@ def moved_input_error(written: WrittenInput) -> CudagraphSkipError:
         "into the old tensor)",
         where=written.where,
         fix=f"allocate {written.name!r} once and pass the same tensor on every call (copy_ new contents into it)",
+    )
+
+
+def capture_failed_error(exc: BaseException) -> CudagraphSkipError:
+    """The error for a draft whose compiled region could not be captured in a CUDA graph."""
+    lines = [ln.strip() for ln in str(exc).splitlines() if ln.strip()]
+    return CudagraphSkipError(
+        f"the draft's compiled region could not be captured in a CUDA graph: {lines[0] if lines else type(exc).__name__}",
+        fix="the region must not synchronise with the host or allocate host memory while it runs: look for "
+        "host reads, CPU tensors and data-dependent sizes (draftfuse.explain lists them)",
     )
 
 

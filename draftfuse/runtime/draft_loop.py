@@ -42,6 +42,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import inspect
+import os
 import sys
 import types
 import warnings
@@ -58,6 +59,7 @@ from draftfuse.options import Options
 from draftfuse.runtime import checks, translate
 from draftfuse.runtime.errors import DraftCaptureError, RecompileError
 from draftfuse.runtime.pipeline import CompileRecord, lower, prepare
+from draftfuse.runtime.replay import GraphRecorder, Replay
 
 _CPU_WARNING = (
     "draftfuse: draft {name!r} runs on the CPU: it is compiled, but CUDA graphs need a CUDA device, "
@@ -106,6 +108,10 @@ class DraftLoop:
         self._code_fn = own_code(fn)  # Dynamo's cache for this draft lives on this copy's code
         self._compiled = torch.compile(self._code_fn, fullgraph=True, dynamic=dynamic, backend=self._compile)
         self.compiles: list[CompileRecord] = []  # one per Dynamo graph compiled for this draft
+        self._bind = _binder(fn, self._code_fn)
+        self._replays: list[Replay] = []  # recorded calls that run without Dynamo (replay.py)
+        self._recorders: list[tuple[GraphRecorder, list[torch.fx.Node], Callable[..., Any]]] = []
+        self._overlap_check: Callable[[tuple], None] | None = None
         self._signatures: list[dict[str, str]] = []  # the arguments that led to each compile
         self._current_call: tuple[tuple, dict] | None = None
         self._warned_cpu = self._warn_cpu = False
@@ -139,6 +145,20 @@ class DraftLoop:
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         if self._instance is not None:
             args = (self._instance, *args)
+        f_locals = self._bind(args, kwargs) if self._replays else None
+        if f_locals is not None:
+            with torch.no_grad():  # the guards hold the grad mode the draft compiled under
+                for replay in self._replays:
+                    if replay.matches(f_locals):
+                        if self._overlap_check is not None:
+                            self._overlap_check((*args, *kwargs.values()))
+                        if torch.autograd._profiler_enabled():
+                            with torch.profiler.record_function(self._span):
+                                return replay.run(f_locals, clone=not self._zero_copy)
+                        return replay.run(f_locals, clone=not self._zero_copy)
+        return self._call_through_dynamo(args, kwargs)
+
+    def _call_through_dynamo(self, args: tuple, kwargs: dict) -> Any:
         self._current_call = (args, kwargs)
         try:
             span = torch.profiler.record_function(self._span) if torch.autograd._profiler_enabled() else contextlib.nullcontext()
@@ -154,18 +174,39 @@ class DraftLoop:
             # Our own errors need no torch wrapper around them; a translated one keeps torch's as its cause.
             own = error is exc or error is getattr(exc, "inner_exception", None)
             if not error.where:  # raised about the call itself (its arguments): point at the caller
-                caller = sys._getframe(1)
-                error = type(error)(error.cause, where=f"{caller.f_code.co_filename}:{caller.f_lineno}", fix=error.fix)
+                error = type(error)(error.cause, where=_caller_location(), fix=error.fix)
             raise error.with_traceback(None) from (None if own else exc)
         finally:
             self._current_call = None
         if self._warn_cpu:
             self._warn_cpu = False
-            warnings.warn(_CPU_WARNING.format(name=getattr(self._fn, "__qualname__", ""), mode=self._options.mode), stacklevel=2)
+            warnings.warn(_CPU_WARNING.format(name=getattr(self._fn, "__qualname__", ""), mode=self._options.mode), stacklevel=_user_stacklevel())
+        self._record_replay(args, kwargs, out)
         if self._zero_copy:
             return out
         inputs = {id(a) for a in (*args, *kwargs.values()) if isinstance(a, torch.Tensor)}
         return tree_map_only(torch.Tensor, lambda t: t if id(t) in inputs else t.clone(), out)
+
+    def _record_replay(self, args: tuple, kwargs: dict, out: Any) -> None:
+        """After a call through Dynamo, record it as a Replay where that is sound (replay.py)."""
+        self._replays = [r for r in self._replays if not r.stale]
+        # the recorder this call ran: the one whose count moved; it must have captured, and have no Replay yet
+        ran = [(r, p) for r, p, _ in self._recorders if r.calls == r.last_seen + 1]
+        for recorder, _, _ in self._recorders:
+            recorder.last_seen = recorder.calls
+        if len(ran) != 1 or not ran[0][0].captured or any(x.recorder is ran[0][0] for x in self._replays):
+            return
+        recorder, placeholders = ran[0]
+        from torch._dynamo.eval_frame import _debug_get_cache_entry_list
+
+        f_locals = self._bind(args, kwargs)
+        with torch.no_grad():  # as the call ran; Dynamo ran the first entry whose guards pass
+            entry = next((e for e in _debug_get_cache_entry_list(self._code_fn.__code__) if _passes(e, f_locals)), None)
+        if entry is not None:
+            replay = Replay.build(entry, recorder, placeholders, f_locals, out)
+            if replay is not None:
+                self._replays.insert(0, replay)
+        recorder.last_call_inputs = ()
 
     def _first_data_dependent(self, args: tuple, kwargs: dict) -> str:
         """file:line of the draft's first op whose size or value depends on the data: traced again
@@ -194,10 +235,11 @@ class DraftLoop:
         self._check_recompiles()
         options = self._options
         device = checks.draft_device(gm)
-        if options.uses_cudagraphs and device.type == "cuda" and hasattr(torch._inductor.config.triton, "cudagraph_or_error"):
-            # Any skip Inductor finds beyond our checks becomes an error instead of a silent fallback.
-            options = options.with_inductor(**{"triton.cudagraph_or_error": True})
-        if options.uses_cudagraphs and device.type == "cpu" and not self._warned_cpu:
+        own_graph = options.uses_cudagraphs or device.type == "cpu"
+        if options.uses_cudagraphs:
+            # draftfuse records the CUDA graph itself (replay.py): Inductor compiles the region without
+            options = options.with_inductor(**{"triton.cudagraphs": False})
+        if self._options.uses_cudagraphs and device.type == "cpu" and not self._warned_cpu:
             self._warned_cpu = True
             self._warn_cpu = True  # once the call returns, at the caller's line
 
@@ -211,9 +253,17 @@ class DraftLoop:
                 checks.make_static(prepared.graph_module, example_inputs, item)
         compiled, record = lower(prepared, example_inputs, options)
         self.compiles.append(record)
-        if not written:
+        if written:
+            compiled = _guard_written_inputs(compiled, written, example_inputs)
+            self._overlap_check = compiled.check
+        if not own_graph:
             return compiled
-        return _guard_written_inputs(compiled, written, example_inputs)
+        placeholders = prepared.graph_module.graph.find_nodes(op="placeholder")
+        static = [checks.is_static(p) for p in placeholders]
+        recorder = GraphRecorder(compiled, static, {item.index for item in written}, device)
+        recorder.last_seen = 0
+        self._recorders.append((recorder, placeholders, compiled))
+        return _translating_capture_errors(recorder)
 
     def _check_recompiles(self) -> None:
         signature = self._signature()
@@ -248,27 +298,105 @@ def _guard_written_inputs(compiled: Callable[..., Any], written: list[checks.Wri
     addresses = [(item, example_inputs[item.index].data_ptr()) for item in written]
     storage = lambda t: t.untyped_storage().data_ptr()  # noqa: E731
     written_storages = {storage(example_inputs[item.index]) for item in written}
-    others = [
-        i for i, value in enumerate(example_inputs)
-        if isinstance(value, torch.Tensor) and i not in {item.index for item in written}
-        and not hasattr(value, "_dynamo_static_input_type") and not isinstance(value, torch.nn.Parameter)
-        and storage(value) not in written_storages
-    ]  # fmt: skip
+    traced_sharing = {id(v) for v in example_inputs if isinstance(v, torch.Tensor) and storage(v) in written_storages}
 
-    def run(*args: Any) -> Any:
+    def check_graph_inputs(*args: Any) -> None:
         for item, address in addresses:
             if args[item.index].data_ptr() != address:
                 raise checks.moved_input_error(item)
-        for i in others:
-            if storage(args[i]) in written_storages:
+
+    def check_arguments(arguments: tuple) -> None:
+        """The same promise for a call's own arguments (the fast replay path has no graph inputs)."""
+        for value in arguments:
+            if isinstance(value, torch.Tensor) and id(value) not in traced_sharing and storage(value) in written_storages:
                 raise DraftCaptureError(
-                    f"graph input {i} shares memory with an input the draft writes in place, which it did not when "
-                    "the draft was compiled: the compiled draft reads the memory as traced",
+                    "an argument shares memory with an input the draft writes in place, which it did not when the "
+                    "draft was compiled: the compiled draft reads the memory as traced",
                     fix="pass tensors that do not overlap the ones the draft writes (or the same views on every call)",
                 )
+
+    def run(*args: Any) -> Any:
+        check_graph_inputs(*args)
+        check_arguments(args)
         return compiled(*args)
 
+    run.check = check_arguments
     return run
+
+
+def _passes(entry: Any, f_locals: dict[str, Any] | None) -> bool:
+    try:
+        return f_locals is not None and bool(entry.guard_manager.check(f_locals))
+    except Exception:
+        return False
+
+
+def _user_stacklevel() -> int:
+    """warnings.warn's stacklevel of the innermost frame outside draftfuse, seen from its caller."""
+    package = os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep
+    level, frame = 1, sys._getframe(1)
+    while frame is not None and os.path.abspath(frame.f_code.co_filename).startswith(package):
+        level, frame = level + 1, frame.f_back
+    return level
+
+
+def _caller_location() -> str:
+    """file:line of the innermost frame outside draftfuse (the user's call of the draft)."""
+    package = os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep
+    frame = sys._getframe(1)
+    while frame is not None and os.path.abspath(frame.f_code.co_filename).startswith(package):
+        frame = frame.f_back
+    return f"{frame.f_code.co_filename}:{frame.f_lineno}" if frame is not None else ""
+
+
+def _translating_capture_errors(recorder: GraphRecorder) -> Callable[..., Any]:
+    def run(*inputs: Any) -> Any:
+        try:
+            return recorder(*inputs)
+        except RuntimeError as exc:
+            if "capture" not in str(exc).lower() or isinstance(exc, DraftCaptureError):
+                raise
+            raise checks.capture_failed_error(exc) from exc
+
+    return run
+
+
+def _binder(fn: Callable[..., Any], code_fn: Callable[..., Any]) -> Callable[[tuple, dict], dict[str, Any] | None]:
+    """A function (args, kwargs) -> the frame's locals at entry, as Dynamo's guards read them (each
+    parameter by name, *args and **kwargs as a tuple and a dict, closure variables by name); None
+    when the call does not bind."""
+    try:
+        signature = inspect.signature(fn)
+    except (TypeError, ValueError):
+        return lambda args, kwargs: None
+    code = getattr(code_fn, "__code__", None)
+    closure = getattr(code_fn, "__closure__", None) or ()
+    free = dict(zip(code.co_freevars, closure)) if code is not None else {}
+    kinds = {p.kind for p in signature.parameters.values()}
+    simple = kinds <= {inspect.Parameter.POSITIONAL_OR_KEYWORD}
+    names = list(signature.parameters)
+    defaults = {n: p.default for n, p in signature.parameters.items() if p.default is not inspect.Parameter.empty}
+
+    def bind(args: tuple, kwargs: dict) -> dict[str, Any] | None:
+        if simple and len(args) <= len(names):
+            f_locals = {**defaults, **dict(zip(names, args)), **kwargs}
+            if len(f_locals) != len(names):
+                return None
+        else:
+            try:
+                bound = signature.bind(*args, **kwargs)
+            except TypeError:
+                return None
+            bound.apply_defaults()
+            f_locals = dict(bound.arguments)
+        for name, cell in free.items():
+            try:
+                f_locals[name] = cell.cell_contents
+            except ValueError:  # an empty cell
+                return None
+        return f_locals
+
+    return bind
 
 
 def draft_loop(

@@ -48,8 +48,15 @@ class FoldedDraft:
             self._signature: inspect.Signature | None = inspect.signature(seed)
         except (TypeError, ValueError):  # a builtin or C function: pass the arguments as they come
             self._signature = None
+        # The usual seed takes plain parameters: then positional arguments map to names by position,
+        # with no binding per call (that would cost more than the rest of a replayed call).
+        parameters = self._signature.parameters.values() if self._signature is not None else ()
+        plain = self._signature is not None and all(p.kind is inspect.Parameter.POSITIONAL_OR_KEYWORD for p in parameters)
+        self._names = [p.name for p in parameters] if plain else None
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        if self._names is not None and len(args) <= len(self._names) and not kwargs.keys() & set(self._names[: len(args)]):
+            return self.draft(**dict(zip(self._names, args)), **kwargs)
         if self._signature is None:
             return self.draft(*args, **kwargs)
         positional, keywords = _by_keyword(self._signature, args, kwargs)

@@ -1,0 +1,318 @@
+"""Replaying a compiled draft at the cost of a raw CUDA graph replay.
+
+A call through torch.compile pays, before any kernel runs, Dynamo's frame evaluation (guards, then
+bytecode that fetches every parameter from its module: work that grows with the parameters) and CUDA
+graph trees' bookkeeping; together about 100 us of host time per draft. A server's hand-written
+runner pays ~20 us: copy the call's tensors into static buffers, replay. draftfuse gets there in two
+parts:
+
+  * `GraphRecorder` wraps the Inductor-compiled region (compiled without Inductor's CUDA graphs). Its
+    first call runs the region (the warm-up), its second captures it in a `torch.cuda.CUDAGraph` (a
+    private memory pool; parameters, buffers and the static inputs a draft writes are read where they
+    are, every other tensor input through a static copy) and replays it; later calls copy and replay.
+    Off CUDA it calls the region.
+  * `Replay` is a recorded call that bypasses Dynamo: it checks Dynamo's own guards for the compiled
+    frame (C++: argument shapes, dtypes, devices, the Python values the draft specialised on, module
+    attributes, grad mode), plus an identity guard added to that guard tree for every static tensor
+    (a replaced weight or KV cache fails it) and the data pointers of those tensors (one C-level map,
+    for `p.data = ...`); then copies the call's non-static tensors into the recorder's static buffers,
+    replays, and rebuilds the return value from the graph's outputs as Dynamo's code did.
+A Replay is built only where it is sound: Dynamo's code for the frame must do nothing but call the
+graph (no attribute or item stores, no other calls: a side effect would be skipped), every non-static
+graph input must be found from the call's arguments by its Dynamo source, and every returned value
+must be a graph output, an argument, or a constant the guards pin. Anything else keeps the draft on
+the Dynamo path, which is always correct. When any guard fails, the call takes the Dynamo path, which
+recompiles (or raises RecompileError past max_compiles) and records a new Replay.
+"""
+
+from __future__ import annotations
+
+import dis
+import logging
+import operator
+import re
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import torch
+from torch.utils._pytree import tree_flatten, tree_unflatten
+
+log = logging.getLogger("draftfuse")
+
+_SIDE_EFFECT_OPS = {"STORE_ATTR", "STORE_SUBSCR", "STORE_GLOBAL", "DELETE_ATTR", "DELETE_SUBSCR", "DELETE_GLOBAL", "IMPORT_NAME"}
+_ALLOWED_NAMES = ("__compiled_fn", "__import_torch_dot__dynamo_dot_utils", "record_pregraph_bytecode_enter", "record_pregraph_bytecode_exit")
+
+
+class GraphRecorder:
+    """The compiled region, run plainly once, then captured in a CUDA graph and replayed (see the module doc)."""
+
+    def __init__(self, compiled: Callable[..., Any], static: Sequence[bool], written: set[int], device: torch.device) -> None:
+        self.compiled = compiled
+        self.static = list(static)  # per graph input: read where it is (True) or through a static copy
+        self.written = written  # graph inputs the region writes in place (static): checked by address only
+        self.device = device
+        self.calls = 0  # calls through Dynamo (the fast path does not count)
+        self.unrecorded_calls = 0  # since the last recording: the first runs plainly (warm-up), the second records
+        self.graph: torch.cuda.CUDAGraph | None = None
+        self.recorded = False
+        self.generation = 0  # counts captures: a Replay of an older one is stale
+        self.inputs: list[Any] = []  # what the graph reads: static inputs themselves, copies of the others
+        self.copies: list[tuple[int, torch.Tensor]] = []  # (input index, its static buffer)
+        self.outputs: Any = None  # the graph's output tensors (static once captured)
+        self._flat: tuple[Any, list[Any]] | None = None
+        self.last_call_inputs: Sequence[Any] = ()  # the latest call's inputs, until a Replay is built
+        self.pointers: list[int] = []  # data pointers of the static inputs the graph reads in place
+
+    @property
+    def captured(self) -> bool:
+        return self.recorded
+
+    def __call__(self, *inputs: Any) -> Any:
+        self.calls += 1
+        self.unrecorded_calls += 1
+        self.last_call_inputs = inputs
+        if self.captured and self._static_pointers(inputs) != self.pointers:
+            # A static input moved (p.data = ..., or another KV cache): run plainly (draft_loop's address
+            # check raises for a written input), and record again on the next call.
+            self.graph, self.recorded, self.unrecorded_calls = None, False, 1
+            self.outputs = self.compiled(*inputs)
+            return self.outputs
+        if not self.captured and self.unrecorded_calls >= 2:
+            self._capture(inputs)
+        if not self.captured:
+            self.outputs = self.compiled(*inputs)
+            return self.outputs
+        self.replay([inputs[i] for i, _ in self.copies])
+        return self.outputs
+
+    def flat_outputs(self) -> list[Any]:
+        """The outputs as a flat list (cached on CUDA, where the graph's outputs are the same tensors)."""
+        if self.graph is None:
+            return tree_flatten(self.outputs)[0]
+        if self._flat is None or self._flat[0] is not self.outputs:
+            self._flat = (self.outputs, tree_flatten(self.outputs)[0])
+        return self._flat[1]
+
+    def _static_pointers(self, inputs: Sequence[Any]) -> list[int]:
+        return [v.data_ptr() for v, static in zip(inputs, self.static) if static and isinstance(v, torch.Tensor)]
+
+    def replay(self, sources: Sequence[torch.Tensor]) -> None:
+        """Run the recorded region on `sources` (the non-static inputs, in order): on CUDA, copy them into
+        the static buffers and replay the graph; elsewhere, call the region on them."""
+        if self.device.type != "cuda":
+            inputs = list(self.inputs)
+            for (index, _), source in zip(self.copies, sources):
+                inputs[index] = source
+            self.outputs = self.compiled(*inputs)
+            return
+        if sources:
+            torch._foreach_copy_([buffer for _, buffer in self.copies], list(sources))
+        self.graph.replay()
+
+    def _capture(self, inputs: Sequence[Any]) -> None:
+        cuda = self.device.type == "cuda"
+        self.pointers = self._static_pointers(inputs)
+        self.inputs, self.copies = [], []
+        for index, (value, static) in enumerate(zip(inputs, self.static)):
+            if isinstance(value, torch.Tensor) and not static:
+                buffer = torch.empty_strided(value.shape, value.stride(), dtype=value.dtype, device=value.device) if cuda else None
+                self.copies.append((index, buffer))
+                value = buffer
+            self.inputs.append(value)
+        if cuda:
+            graph = torch.cuda.CUDAGraph()
+            stream = torch.cuda.Stream(self.device)
+            stream.wait_stream(torch.cuda.current_stream(self.device))
+            with torch.cuda.stream(stream), torch.cuda.graph(graph, stream=stream):
+                self.outputs = self.compiled(*self.inputs)
+            torch.cuda.current_stream(self.device).wait_stream(stream)
+            self.graph = graph
+        self.recorded = True  # off CUDA: the static inputs are recorded, the region is called on each call's
+        self.generation += 1
+
+
+def _dynamo_code_is_pure(code: Any, fetched: set[str]) -> bool:
+    """Whether Dynamo's code for a frame only fetches the graph's inputs (attributes named in their
+    sources, `fetched`), calls the compiled graph and builds the return value: no store, and no load of
+    anything else it could call."""
+    for instruction in dis.get_instructions(code):
+        if instruction.opname in _SIDE_EFFECT_OPS:
+            return False
+        if instruction.opname in ("LOAD_GLOBAL", "LOAD_NAME", "LOAD_ATTR", "LOAD_METHOD"):
+            name = str(instruction.argval)
+            if not (name.startswith(_ALLOWED_NAMES) or instruction.opname in ("LOAD_ATTR", "LOAD_METHOD") and name in fetched):
+                return False
+    return True
+
+
+def _guard_nodes(root: Any) -> dict[str, Any]:
+    """Every GuardManager node of a guard tree, by its source's name."""
+    found, stack = {}, [root]
+    while stack:
+        node = stack.pop()
+        try:
+            found.setdefault(node.get_source(), node)
+        except Exception:
+            pass
+        stack.extend(node.get_child_managers())
+    return found
+
+
+def _fetcher(placeholder: Any, value: Any, scope: dict[str, Any]) -> Callable[[dict[str, Any]], Any] | None:
+    """f_locals -> the graph input that `placeholder` stands for, by its Dynamo source; None if the
+    source is not an expression over the call's arguments that finds `value`."""
+    name = _source_name(placeholder._dynamo_source)
+    try:
+        code = compile(name, "<draftfuse source>", "eval")
+        if eval(code, {}, scope) is not value:
+            raise LookupError(name)
+    except Exception:
+        log.info("draftfuse: no fast replay: input %s is not found from the arguments", name)
+        return None
+    if (plain := re.fullmatch(r"L\['(\w+)'\]", name)) is not None:
+        return operator.itemgetter(plain.group(1))  # an argument itself: a dict lookup
+    return lambda f_locals: eval(code, {}, {"L": f_locals})
+
+
+def _add_identity_guard(node: Any, value: Any, name: str) -> None:
+    verbose = [f"draftfuse: {name} is the tensor the recorded graph reads"]
+    try:
+        node.add_id_match_guard(id(value), verbose, None)  # torch 2.13: (id, code parts, user stack)
+    except TypeError:
+        node.add_id_match_guard(id(value), verbose)  # torch 2.11
+
+
+def _source_name(source: Any) -> str:
+    name = source.name
+    return name() if callable(name) else name
+
+
+class Replay:
+    """A recorded call of a draft that runs without Dynamo; see the module docstring. `build` returns
+    None (and logs why) where a Replay would not be sound."""
+
+    def __init__(
+        self, guard: Any, recorder: GraphRecorder, fetchers: list[Callable], held: list[torch.Tensor], template: tuple, written: list[Callable]
+    ) -> None:
+        self.guard = guard  # Dynamo's guard manager for the frame, with identity guards added
+        self.recorder = recorder
+        self.fetchers = fetchers  # per non-static input, in the recorder's order: f_locals -> tensor
+        self.written = written  # per written static input (a KV cache): f_locals -> tensor, its address checked
+        self.written_pointers = [recorder.last_call_inputs[i].data_ptr() for i in sorted(recorder.written)]
+        self.held = held  # the static tensors the graph reads in place
+        self.pointers = [t.data_ptr() for t in held]
+        self.leaves, self.spec = template
+        self.flat_tuple = self.spec == tree_flatten(tuple(range(len(self.leaves))))[1]  # rebuilt without pytree
+        self.generation = recorder.generation
+
+    @property
+    def stale(self) -> bool:
+        return self.generation != self.recorder.generation
+
+    @classmethod
+    def build(cls, entry: Any, recorder: GraphRecorder, placeholders: list[Any], f_locals: dict[str, Any], output: Any) -> Replay | None:
+        why = cls._unsound(entry, recorder, placeholders)
+        if why:
+            log.info("draftfuse: no fast replay: %s", why)
+            return None
+        nodes = _guard_nodes(entry.guard_manager.root)
+        scope = {"L": f_locals}
+        held = []
+        for index, (placeholder, value, static) in enumerate(zip(placeholders, recorder.last_call_inputs, recorder.static)):
+            if not static:
+                continue
+            held.append(value)
+            if index in recorder.written:
+                continue  # a KV cache: another tensor must raise (draft_loop's address check), not recompile
+            node = nodes.get(_source_name(placeholder._dynamo_source))
+            if node is None:
+                log.info("draftfuse: no fast replay: no guard on %s", _source_name(placeholder._dynamo_source))
+                return None
+            _add_identity_guard(node, value, _source_name(placeholder._dynamo_source))
+        fetchers = [_fetcher(placeholders[i], recorder.last_call_inputs[i], scope) for i, _ in recorder.copies]
+        written = [_fetcher(placeholders[i], recorder.last_call_inputs[i], scope) for i in sorted(recorder.written)]
+        if any(f is None for f in [*fetchers, *written]):
+            return None
+        template = cls._template(recorder, f_locals, output)
+        if template is None:
+            log.info("draftfuse: no fast replay: the draft returns a tensor that is neither a graph output nor an argument")
+            return None
+        return cls(entry.guard_manager, recorder, fetchers, held, template, written)
+
+    @staticmethod
+    def _unsound(entry: Any, recorder: GraphRecorder, placeholders: list[Any]) -> str:
+        if not recorder.captured:
+            return "the region is not captured in a CUDA graph"
+        fetched = {m for p in placeholders for m in re.findall(r"\.(\w+)", _source_name(p._dynamo_source))}
+        if not _dynamo_code_is_pure(entry.code, fetched):
+            return "Dynamo's code for the draft does more than call the graph (a side effect, such as an attribute store)"
+        if len(placeholders) != len(recorder.inputs) or len(recorder.last_call_inputs) != len(placeholders):
+            return "the graph's inputs are not the recorded ones"
+        if not all(isinstance(v, torch.Tensor) for v in recorder.last_call_inputs):
+            return "a graph input is a symbolic size or a Python number (dynamic shapes)"
+        return ""
+
+    @staticmethod
+    def _template(recorder: GraphRecorder, f_locals: dict[str, Any], output: Any) -> tuple | None:
+        graph_outputs = {id(t): i for i, t in enumerate(tree_flatten(recorder.outputs)[0]) if isinstance(t, torch.Tensor)}
+        arguments = {id(t): path for path, t in _tensor_leaves(f_locals)}
+        leaves, spec = tree_flatten(output)
+        plan = []
+        for leaf in leaves:
+            if isinstance(leaf, torch.Tensor):
+                if id(leaf) in graph_outputs:
+                    plan.append(("graph", graph_outputs[id(leaf)]))
+                elif id(leaf) in arguments:
+                    plan.append(("argument", arguments[id(leaf)]))
+                else:
+                    return None
+            else:
+                plan.append(("constant", leaf))
+        return plan, spec
+
+    def matches(self, f_locals: dict[str, Any]) -> bool:
+        try:
+            if not self.guard.check(f_locals):
+                return False
+        except Exception:
+            return False
+        if list(map(torch.Tensor.data_ptr, self.held)) != self.pointers:
+            return False
+        try:
+            return [fetch(f_locals).data_ptr() for fetch in self.written] == self.written_pointers
+        except Exception:
+            return False
+
+    def run(self, f_locals: dict[str, Any], clone: bool) -> Any:
+        recorder = self.recorder
+        recorder.replay([fetch(f_locals) for fetch in self.fetchers])
+        outputs = recorder.flat_outputs()
+        values = []
+        for kind, where in self.leaves:
+            if kind == "graph":
+                values.append(outputs[where].clone() if clone else outputs[where])
+            elif kind == "argument":
+                values.append(_follow(f_locals, where))
+            else:
+                values.append(where)
+        return tuple(values) if self.flat_tuple else tree_unflatten(values, self.spec)
+
+
+def _tensor_leaves(f_locals: dict[str, Any]) -> list[tuple[tuple, torch.Tensor]]:
+    """(path, tensor) for the tensors among the call's arguments, at most one level into containers."""
+    found = []
+    for name, value in f_locals.items():
+        if isinstance(value, torch.Tensor):
+            found.append(((name,), value))
+        elif isinstance(value, (tuple, list)):
+            found += [((name, i), v) for i, v in enumerate(value) if isinstance(v, torch.Tensor)]
+        elif isinstance(value, dict):
+            found += [((name, k), v) for k, v in value.items() if isinstance(v, torch.Tensor)]
+    return found
+
+
+def _follow(f_locals: dict[str, Any], path: tuple) -> Any:
+    value = f_locals[path[0]]
+    for step in path[1:]:
+        value = value[step]
+    return value

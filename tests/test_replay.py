@@ -1,0 +1,154 @@
+"""draft_loop's fast path (draftfuse/runtime/replay.py): after two calls a draft replays without Dynamo,
+and every change that would make the recording wrong sends the call back through Dynamo (which
+recompiles, or raises) instead of replaying stale work.
+
+On a CPU the "replay" calls the compiled region on the recorded static tensors and the call's own
+tensors: the guards, the lookups of the arguments and the rebuilt return values are the same code as
+on CUDA, where a CUDA graph replays (tests/test_runtime_cuda.py).
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from torch import nn
+
+import draftfuse
+from draftfuse.runtime.errors import CudagraphSkipError
+
+pytestmark = pytest.mark.filterwarnings("ignore:draftfuse. draft .* runs on the CPU")
+
+
+class Head(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.proj = nn.Linear(8, 8)
+        self.lm_head = nn.Linear(8, 16, bias=False)
+        self.scale = 1.0  # a Python attribute the draft reads (Dynamo specialises on it)
+
+    def forward(self, hidden):
+        hidden = torch.tanh(self.proj(hidden)) * self.scale
+        return self.lm_head(hidden), hidden
+
+
+def draft(head, hidden, cache, position, steps: int = 3):
+    tokens = []
+    for step in range(steps):
+        logits, hidden = head(hidden)
+        cache.index_copy_(0, position + step, hidden[:1])
+        tokens.append(torch.softmax(logits, -1).argmax(-1))
+    return torch.stack(tokens, 1), hidden, steps
+
+
+@pytest.fixture(autouse=True)
+def _fresh_dynamo():
+    torch._dynamo.reset()
+    yield
+    torch._dynamo.reset()
+
+
+def make():
+    torch.manual_seed(0)
+    head = Head().requires_grad_(False)
+    return head, torch.randn(2, 8), torch.zeros(6, 8), torch.tensor([0])
+
+
+def recorder_calls(compiled):
+    """Calls of the compiled regions through Dynamo (the fast path calls none)."""
+    return sum(recorder.calls for recorder, _, _ in compiled._recorders)
+
+
+def warmed(compiled, *args):
+    for _ in range(2):  # compile + warm-up, then record
+        compiled(*args)
+    assert compiled._replays, "a replay is recorded after the second call"
+    return compiled
+
+
+def check_same(compiled, head, hidden, cache, position):
+    want_cache = cache.clone()
+    want = draft(head, hidden, want_cache, position)
+    got = compiled(head, hidden, cache, position)
+    assert torch.equal(got[0], want[0]) and torch.allclose(got[1], want[1]) and got[2] == want[2]
+    assert torch.allclose(cache, want_cache)
+    return got
+
+
+def test_replays_without_dynamo_and_matches_eager():
+    head, hidden, cache, position = make()
+    compiled = warmed(draftfuse.draft_loop(draft), head, hidden, cache, position)
+    calls = recorder_calls(compiled)
+    for _ in range(3):
+        hidden = torch.randn(2, 8)  # new tensors every call: found from the arguments
+        got = check_same(compiled, head, hidden, cache, position)
+    assert recorder_calls(compiled) == calls, "the calls went around Dynamo"
+    assert len(compiled.compiles) == 1
+    kept = got[0]
+    compiled(head, torch.randn(2, 8), cache, position)
+    assert kept.data_ptr() != compiled(head, hidden, cache, position)[0].data_ptr(), "outputs are copies"
+
+
+@pytest.mark.parametrize("change", ["python attribute", "weight replaced", "weight storage swapped", "shape"])
+def test_a_change_that_would_make_the_recording_wrong_goes_through_dynamo(change):
+    head, hidden, cache, position = make()
+    compiled = warmed(draftfuse.draft_loop(draft), head, hidden, cache, position)
+    if change == "python attribute":
+        head.scale = 0.5
+    elif change == "weight replaced":
+        head.proj.weight = nn.Parameter(torch.randn(8, 8), requires_grad=False)
+    elif change == "weight storage swapped":
+        head.proj.weight.data = torch.randn(8, 8)
+    else:
+        hidden = torch.randn(3, 8)
+    calls = recorder_calls(compiled)
+    check_same(compiled, head, hidden, cache, position)
+    assert recorder_calls(compiled) > calls, "the call went through Dynamo"
+    for _ in range(2):  # and is recorded again
+        check_same(compiled, head, hidden, cache, position)
+
+
+def test_a_moved_kv_cache_raises():
+    head, hidden, cache, position = make()
+    compiled = warmed(draftfuse.draft_loop(draft), head, hidden, cache, position)
+    with pytest.raises(CudagraphSkipError, match="'cache' is written in place"):
+        compiled(head, hidden, torch.zeros(6, 8), position)
+
+
+def test_an_argument_sharing_the_written_cache_raises():
+    head, hidden, cache, position = make()
+    compiled = warmed(draftfuse.draft_loop(draft), head, hidden, cache, position)
+    with pytest.raises(draftfuse.DraftCaptureError, match="shares memory with an input the draft writes"):
+        compiled(head, cache[:2], cache, position)
+
+
+def test_a_draft_with_a_side_effect_stays_on_the_dynamo_path():
+    class Recorder(nn.Module):
+        def forward(self, x):
+            self.last = x  # an attribute store: Dynamo's code replays it after the graph
+            return x * 2
+
+    module = Recorder()
+    compiled = draftfuse.draft_loop(lambda m, x: m(x))
+    for _ in range(3):
+        x = torch.randn(3)
+        assert torch.equal(compiled(module, x), x * 2)
+        assert module.last is x
+    assert not compiled._replays
+
+
+def test_methods_and_keyword_arguments_replay():
+    class Worker:
+        def __init__(self):
+            self.head, self.hidden, self.cache, self.position = make()
+
+        @draftfuse.draft_loop
+        def step(self, hidden, *, steps: int = 2):
+            return draft(self.head, hidden, self.cache, self.position, steps=steps)[0]
+
+    worker = Worker()
+    hidden = torch.randn(2, 8)
+    for _ in range(3):
+        got = worker.step(hidden, steps=2)
+    assert worker.step._replays
+    want = draft(worker.head, hidden, worker.cache.clone(), worker.position, steps=2)[0]
+    assert torch.equal(got, want)
