@@ -6,7 +6,7 @@ Workloads (the models of examples/, random seeded weights, nothing downloaded), 
   draft_model  independent two-layer draft model (examples/draft_model.py): tokens and their
                probabilities at temperature 0.7; writes its KV cache, positions advance
 
-Variants: the same draft on the same inputs, four ways.
+Variants: the same draft on the same inputs, five ways.
   eager                     the draft as written, run eagerly.
   eager_seed+captured_loop  today's server layout: the seed iteration eager, the recurrent steps compiled
                             with torch.compile(mode="reduce-overhead") (Inductor, CUDA graph trees).
@@ -17,6 +17,16 @@ Variants: the same draft on the same inputs, four ways.
                             of softmax + topk(1), and where the draft returns probabilities the max
                             probability 1 / sum(exp(x - max)) in float32; torch.compile(mode=
                             "reduce-overhead", fullgraph=True), default backend.
+  raw_cuda_graph            the hand edit as server runners run it: the same hand_fold function compiled
+                            by Inductor without CUDA graphs (torch.compile(fullgraph=True), default
+                            mode), warmed up on a side stream and captured once in a torch.cuda.CUDAGraph
+                            over static input buffers (the first call does this). Per call: copy the
+                            draft's inputs (tokens, hidden states, positions / sequence lengths; not the
+                            weights or KV caches, which stay where they are) into the static buffers,
+                            graph.replay(), and clone the static output tensors, as draftfuse does by
+                            default (draft_loop's outputs are clones unless zero_copy_outputs=True).
+                            On a CPU (no CUDA graphs) the same copies and clones around a plain call of
+                            the compiled function.
   draftfuse                 the unedited softmax + topk draft through draftfuse (default options):
                             draft_loop for the one-function drafts, fold(seed_step, draft_steps) for the
                             MTP worker, told that seq_lens >= 1 as the MTP example tells it.
@@ -56,7 +66,8 @@ from _layers import causal_mask  # noqa: E402
 from draftfuse.runtime.draft_loop import draft_loop  # noqa: E402
 from draftfuse.runtime.fold import fold  # noqa: E402
 
-VARIANTS = ("eager", "eager_seed+captured_loop", "hand_fold+hand_argmax", "draftfuse")
+from benchmarks._rows import DRAFT_VARIANTS as VARIANTS  # noqa: E402  (the variants, in this order)
+
 STEPS = 3  # recurrent steps after the seed
 TEMPERATURE = 0.7  # the draft model's sampling temperature (its example's default)
 MODE = "reduce-overhead"
@@ -97,6 +108,50 @@ def _draftfuse(fn: Callable, *args, **kwargs) -> Factory:
     def make() -> Callable[[], Outputs]:
         compiled = draft_loop(fn)  # clones its outputs itself
         return lambda: _as_tuple(compiled(*args, **kwargs))
+
+    return make
+
+
+def _raw_cuda_graph(fn: Callable, args: tuple, inputs: tuple[int, ...], **kwargs) -> Factory:
+    """The raw_cuda_graph variant of `fn(*args, **kwargs)` (see the module doc); `inputs`: the positions in
+    `args` of the per-call inputs, which get static buffers."""
+
+    def make() -> Callable[[], Outputs]:
+        compiled = torch.compile(fn, fullgraph=True, dynamic=False)  # Inductor's kernels, no graph trees
+        sources = [args[i] for i in inputs]
+        static = [a.clone() for a in sources]
+        call_args = list(args)
+        for i, buffer in zip(inputs, static):
+            call_args[i] = buffer
+        state: dict = {}
+
+        def copy_inputs() -> None:
+            for buffer, source in zip(static, sources):
+                buffer.copy_(source)
+
+        def capture() -> None:
+            device = static[0].device
+            side = torch.cuda.Stream(device)
+            side.wait_stream(torch.cuda.current_stream(device))
+            with torch.cuda.stream(side):  # compile, autotune and warm up off the capture
+                for _ in range(3):
+                    compiled(*call_args, **kwargs)
+            torch.cuda.current_stream(device).wait_stream(side)
+            graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(graph):
+                state["outputs"] = _as_tuple(compiled(*call_args, **kwargs))
+            state["graph"] = graph
+
+        def call() -> Outputs:
+            copy_inputs()
+            if static[0].device.type != "cuda":
+                return _cloned(compiled(*call_args, **kwargs))
+            if "graph" not in state:
+                capture()  # the first call: compile, warm up, capture (its outputs: the replay's below)
+            state["graph"].replay()
+            return tuple(t.clone() for t in state["outputs"])
+
+        return call
 
     return make
 
@@ -160,6 +215,8 @@ def build_mtp(size: str, batch: int, device: torch.device, dtype: torch.dtype) -
             "eager": _eager(lambda: worker.draft_steps(*worker.seed_step(*inputs))),
             "eager_seed+captured_loop": server_layout,
             "hand_fold+hand_argmax": _compiled(mtp_hand_fold, model, *inputs, steps=mtp_size.steps),
+            # Per call: bonus tokens, hidden states, sequence lengths; the target's KV cache stays put.
+            "raw_cuda_graph": _raw_cuda_graph(mtp_hand_fold, (model, *inputs), (1, 2, 5), steps=mtp_size.steps),
             "draftfuse": folded,
         },
     )
@@ -222,6 +279,7 @@ def build_eagle(size: str, batch: int, device: torch.device, dtype: torch.dtype)
             "eager": _eager(eagle_head.draft_chain, head, token, hidden, pos, steps=STEPS),
             "eager_seed+captured_loop": server_layout,
             "hand_fold+hand_argmax": _compiled(eagle_hand_fold, head, token, hidden, pos),
+            "raw_cuda_graph": _raw_cuda_graph(eagle_hand_fold, (head, token, hidden, pos), (1, 2, 3)),
             "draftfuse": _draftfuse(eagle_head.draft_chain, head, token, hidden, pos, steps=STEPS),
         },
     )
@@ -280,6 +338,7 @@ def build_draft_model(size: str, batch: int, device: torch.device, dtype: torch.
             "eager": _eager(draft_model.draft, model, token, pos, steps=STEPS, temperature=TEMPERATURE),
             "eager_seed+captured_loop": server_layout,
             "hand_fold+hand_argmax": _compiled(draft_model_hand_fold, model, token, pos),
+            "raw_cuda_graph": _raw_cuda_graph(draft_model_hand_fold, (model, token, pos), (1, 2)),
             "draftfuse": _draftfuse(draft_model.draft, model, token, pos, steps=STEPS, temperature=TEMPERATURE),
         },
     )

@@ -1,6 +1,7 @@
 """What the examples share: the command line, building a seeded model, and running one draft three ways
-(eager, torch.compile with Inductor, draftfuse) to compare tokens, time per draft and CUDA graph replays
-(the timing itself is draftfuse's, shared with `python -m draftfuse demo`).
+(eager, torch.compile with Inductor, draftfuse) to compare tokens, time per draft, and on a GPU the host
+time per draft with the GPU kept busy and the CUDA graph replays (the measuring itself is
+draftfuse/_measure.py's, shared with the benchmarks and `python -m draftfuse demo`).
 """
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ import torch
 from _layers import SIZES, Config
 from torch import nn
 
-from draftfuse._measure import graph_replays_per_call, time_side_by_side
+from draftfuse._measure import graph_replays_per_call, host_time, time_side_by_side
 from draftfuse.runtime.draft_loop import draft_loop
 
 # Both compiled versions use the mode servers use for draft loops; on a CPU the CUDA graphs are skipped.
@@ -81,6 +82,10 @@ def compare(label: str, draft: Callable, inputs: tuple, options: dict, args: arg
                 result["graph_replays_per_draft"] = {
                     name: graph_replays_per_call(call) for name, call in calls.items() if name != "eager"
                 }
+                # Host time with the GPU kept busy behind a sleep: what a server's Python thread spends per draft.
+                result["host_us_per_draft"] = {
+                    name: host_time(call, args.device).us_per_call for name, call in calls.items()
+                }
     _print_result(label, args, result)
     return result
 
@@ -119,6 +124,12 @@ def _print_result(label: str, args: argparse.Namespace, result: dict) -> None:
     if "ms_per_draft" in result:
         times = " | ".join(f"{name} {ms:.3f} ms" for name, ms in result["ms_per_draft"].items())
         print(f"  time per draft (median of {args.rounds}, alternating): {times}")
+    if "host_us_per_draft" in result:
+        hosts = " | ".join(
+            f"{name} " + ("– (it waits on the device)" if us is None else f"{us:.1f} us")
+            for name, us in result["host_us_per_draft"].items()
+        )
+        print(f"  host time per draft, GPU kept busy: {hosts}")
     if "graph_replays_per_draft" in result:
         replays = " | ".join(f"{name} {n:g}" for name, n in result["graph_replays_per_draft"].items())
         print(f"  CUDA graph replays per draft: {replays}")

@@ -1,129 +1,193 @@
-"""The benchmark entry point (benchmarks/run.py) on a CPU at tiny size, and its results file and table.
+"""The benchmark entry point (benchmarks/run.py) on a CPU at tiny size, its results file and report, and the
+measuring helpers it shares with the examples and the demo (draftfuse/_measure.py).
 
-The end-to-end tests run the script in a subprocess, as it runs on the GPU machine, so its compiles,
-Dynamo state and CPU settings stay out of this process. Every compiled draft variant compiles twice
-(cold and warm), about 10 s a compile on 2 cores, so each test runs one workload group and stays under
-a minute. The table tests build rows by hand: no compile.
+The end-to-end test runs the script in a subprocess, as it runs on the GPU machine, so its compiles,
+Dynamo state and CPU settings stay out of this process: one draft workload (all five variants, compiled
+twice) and the selection, a few seconds once Inductor's cache is warm. The report tests build rows by
+hand: no compile.
 """
 
+import inspect
 import json
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+import torch
 
-from benchmarks import run
+from benchmarks import _rows, report, run, selection
+from draftfuse import _measure
 
 SCRIPT = Path(run.__file__)
-DRAFT_VARIANTS = ["eager", "eager_seed+captured_loop", "hand_fold+hand_argmax", "draftfuse"]
-GPU_ONLY = ("graph_launches_per_call", "kernel_launches_per_call")
-
-
-def _run_benchmark(out: Path, *only: str) -> str:
-    argv = ["--device", "cpu", "--size", "tiny", "--quick", "--rounds", "3", "--batches", "2", "--out", str(out)]
-    done = subprocess.run(
-        [sys.executable, str(SCRIPT), *argv, "--only", *only], capture_output=True, text=True, timeout=300
-    )
-    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-4000:]
-    return done.stdout
+DRAFT_VARIANTS = ["eager", "eager_seed+captured_loop", "hand_fold+hand_argmax", "raw_cuda_graph", "draftfuse"]
+GPU_ONLY = ("graph_launches_per_call", "kernel_launches_per_call", "host_us_per_call")
+META = {"gpu": "NVIDIA H200", "torch": "2.11.0", "date": "today", "copy_bandwidth_TBps": 2.77}
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("only", [("selection", "mtp"), ("eagle",), ("draft_model",)])
-def test_entry_point_writes_results_and_prints_the_table_last(tmp_path, only):
-    stdout = _run_benchmark(tmp_path, *only)
+def test_entry_point_writes_results_and_prints_the_table_last(tmp_path):
+    argv = ["--device", "cpu", "--size", "tiny", "--quick", "--rounds", "3", "--batches", "2", "--out", str(tmp_path)]
+    command = [sys.executable, str(SCRIPT), *argv, "--only", "selection", "eagle"]
+    done = subprocess.run(command, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-4000:]
     results = json.loads((tmp_path / "cpu.json").read_text())
-    assert list(results) == ["gpu", "torch", "date", "copy_bandwidth_TBps", "rows"]
+    assert list(results) == ["gpu", "torch", "date", "copy_bandwidth_TBps", "runs", "rows"]
     assert results["gpu"] == "cpu" and results["copy_bandwidth_TBps"] is None
+    assert results["runs"][0]["command"].endswith("--only selection eagle") and results["runs"][0]["skipped"] == []
     rows = results["rows"]
-    assert {r["workload"] for r in rows} == set(only)
+    assert {r["workload"] for r in rows} == {"selection", "eagle"}
+    scale_supported = "scale" in inspect.signature(selection.selection_call).parameters
     for row in rows:
-        assert list(row) == list(run.ROW_KEYS), row  # no "error": every variant ran
+        assert list(row)[: len(_rows.ROW_KEYS)] == list(_rows.ROW_KEYS) and set(row) - set(_rows.ROW_KEYS) <= {"error"}
+        if row.get("error"):  # only the temperature rows of draftfuse, until selection_call takes a scale
+            assert not scale_supported and (row["temperature"], row["variant"]) == ("tensor", "draftfuse"), row
+            assert "no `scale` argument yet" in row["error"]
+            continue
         assert row["batch"] == 2 and row["median_us"] > 0 and row["p10_us"] <= row["median_us"] <= row["p90_us"]
-        assert all(row[key] is None for key in GPU_ONLY)  # no CUDA graphs or launches on a CPU
+        assert all(row[key] is None for key in GPU_ONLY)  # no CUDA graphs, launches or busy device on a CPU
         assert row["tokens_match"] is True, row
 
-    drafts = [r for r in rows if r["workload"] != "selection"]
-    for workload in {r["workload"] for r in drafts}:
-        mine = [r for r in drafts if r["workload"] == workload]
-        assert [r["variant"] for r in mine] == DRAFT_VARIANTS
-        for row in mine:
-            compiled = row["variant"] != "eager"
-            assert (row["compile_cold_s"] is not None) == compiled and (row["compile_warm_s"] is not None) == compiled
-        assert mine[-1]["tokens_reference"] == "eager, hand_fold+hand_argmax"  # draftfuse: both references
-    selection = [r for r in rows if r["workload"] == "selection"]
-    if selection:
-        variants = {1: ("softmax+topk", "torch.argmax", "draftfuse"), 4: ("softmax+topk", "torch.topk", "draftfuse")}
-        expected = {(dtype, k, v) for dtype in ("bfloat16", "float32") for k in (1, 4) for v in variants[k]}
-        assert {(r["dtype"], r["k"], r["variant"]) for r in selection} == expected  # no floor: no bandwidth on a CPU
+    drafts = [r for r in rows if r["workload"] == "eagle"]
+    assert [r["variant"] for r in drafts] == DRAFT_VARIANTS
+    for row in drafts:
+        compiled = row["variant"] != "eager"
+        assert (row["compile_cold_s"] is not None) == compiled and (row["compile_warm_s"] is not None) == compiled
+        if row["variant"] in ("raw_cuda_graph", "draftfuse"):
+            assert row["tokens_reference"] == "eager, hand_fold+hand_argmax"
+    selected = {(r["dtype"], r["k"], r["temperature"], r["variant"]) for r in rows if r["workload"] == "selection"}
+    dtypes, ks = ("bfloat16", "float32"), (1, 4, 8, 16)
+    plain = {k: ("softmax+topk", "torch.argmax" if k == 1 else "torch.topk", "draftfuse") for k in ks}
+    expected = {(d, k, None, v) for d in dtypes for k, vs in plain.items() for v in vs}
+    expected |= {(d, k, "tensor", v) for d in dtypes for k in ks for v in ("softmax+topk", "draftfuse")}
+    assert selected == expected  # no floor: no bandwidth on a CPU
 
     table = (tmp_path / "cpu.md").read_text()
-    assert "## Targets (issue 6)" in table and "| target | met | missed |" in table
-    assert stdout.rstrip().endswith(table.rstrip())  # the markdown comes last
-    assert "matplotlib is not installed: plot skipped" in stdout or (tmp_path / "cpu.png").exists()
+    assert "## Targets" in table and "| target | met | missed | not measured |" in table
+    temperature = next(line for line in table.splitlines() if line.startswith("| selection with a temperature tensor"))
+    assert temperature.startswith("| selection with a temperature tensor: tokens match | 16 | 0 |" if scale_supported else
+                                  "| selection with a temperature tensor: tokens match | 8 | 8 |")  # fmt: skip
+    assert "## eagle:" in table and "| raw_cuda_graph |" in table
+    assert done.stdout.rstrip().endswith(table.rstrip())  # the markdown comes last
+    assert "matplotlib is not installed: plot skipped" in done.stdout or (tmp_path / "cpu.png").exists()
 
 
-def _draft_rows(workload: str, batch: int, medians: dict[str, float], graph_launches: float | None) -> list[dict]:
-    return [
-        run._row(workload, batch, 128256, 1, "bfloat16", v, median_us=us, graph_launches_per_call=graph_launches)
-        for v, us in medians.items()
+def _draft(workload: str, batch: int, variant: str, us: float, host: float | None = None, **fields) -> dict:
+    return _rows.row(workload, batch, 128256, 1, "bfloat16", variant, median_us=us, host_us_per_call=host, **fields)
+
+
+def _select(vocab: int, batch: int, k, variant: str, us: float, **fields) -> dict:
+    return _rows.row("selection", batch, vocab, k, "bfloat16", variant, median_us=us, **fields)
+
+
+def _line(table: str, start: str) -> str:
+    return next(line for line in table.splitlines() if line.startswith(start))
+
+
+def test_table_marks_each_target_met_or_missed_with_its_ratio():
+    rows = [
+        _draft("mtp", 1, "draftfuse", 2300.0, host=25.0),  # host met; 2300 / 2388.3 = 0.96 (met)
+        _draft("mtp", 32, "draftfuse", 2700.0, host=45.0),  # host 45 / 30 = 1.50 (missed)
+        _draft("eagle", 1, "draftfuse", 2200.0, host=None, host_note="host time: the call waits on the device"),
+        _select(32000, 1, None, "floor", 4.0),
+        _select(32000, 1, 1, "draftfuse", 5.5),  # ≤ max(1.5 × 4, 5) = 6: met
+        _select(128256, 1, None, "floor", 1.0),
+        _select(128256, 1, 1, "draftfuse", 7.0, notes="two dependent kernels"),  # 7 / 5 = 1.40: missed
+        _select(128256, 1, 4, "softmax+topk", 80.0),
+        _select(128256, 1, 4, "draftfuse", 8.8),  # 8.8 / 8 = 1.10 missed; 80 / 8.8 = 9.09× < 10: missed
+        _select(128256, 1, 4, "draftfuse", 9.0, temperature="tensor", tokens_match=False),
+        _select(128256, 1, 4, "softmax+topk", 90.0, temperature="tensor", tokens_match=True),
     ]
+    baseline = [_draft("mtp", 1, "draftfuse", 2388.3), _draft("eagle", 1, "draftfuse", 2126.1)]
+    tp = [
+        {"workload": "tp_selection", "tp": 2, "vocab": 128256, "batch": 64, "k": 1, "variant": v, "median_us": us,
+         "tokens_match": True} for v, us in (("all_gather+softmax+topk", 100.0), ("draftfuse", 40.0))
+    ] + [
+        {"workload": "tp_selection", "tp": 2, "vocab": 128256, "batch": 1, "k": 1, "variant": v, "median_us": us,
+         "tokens_match": match} for v, us, match in (("all_gather+softmax+topk", 20.0, True), ("draftfuse", 25.0, False))
+    ]  # fmt: skip
+    runs = [{"command": "python benchmarks/run.py", "size": "reference", "seconds": 1.0, "skipped": ["eagle 8"]}]
+    table = report.markdown(META, rows, runs, baseline, tp)
+
+    assert _line(table, "| draftfuse host µs") == (
+        "| draftfuse host µs / call ≤ 30 (batch 1 and 32, each draft workload) | 1 | 2 | 3 | mtp batch 32: 45.00 µs vs "
+        "<= 30.00 µs (ratio 1.50); eagle batch 1: – vs <= 30.00 µs. Reasons: host time: the call waits on the device (1×) |"
+    )
+    assert _line(table, "| selection k=1") == (
+        "| selection k=1 (index + exact max-prob): draftfuse ≤ max(1.5 × floor, 5 µs) | 1 | 1 | 38 | bfloat16 V=128256 "
+        "B=1: 7.00 µs vs <= 5.00 µs (ratio 1.40). Reasons: two dependent kernels (1×) |"
+    )
+    assert "| 0 | 1 | 119 | bfloat16 V=128256 B=1 k=4: 8.80 µs vs <= 8.00 µs (ratio 1.10) |" in table
+    assert "| 0 | 1 | 95 | bfloat16 V=128256 B=1 k=4: 9.09× vs >= 10.00× (ratio 0.91) |" in table
+    assert "tokens match | 1 | 1 | 318 | bfloat16 V=128256 B=1 k=4 draftfuse: tokens match no |" in table
+    assert _line(table, "| draftfuse device µs now / previous") == (
+        "| draftfuse device µs now / previous results (wave 1) ≤ 1 (batch 1..64) | 1 | 1 | 10 | eagle batch 1: 1.03 vs "
+        "<= 1.00 (ratio 1.03) |"
+    )
+    assert "k=1 and 4) | 1 | 0 | 1 | – |" in table  # 100 / 40 = 2.5× at k=1; k=4 not measured
+    assert "≤ 1 (batch 1) | 0 | 1 | 0 | tp 2 V=128256 B=1 k=1: 1.25× vs <= 1.00× (ratio 1.25) |" in table
+    assert "tokens match on every row | 3 | 1 | 0 |" in table
+    assert "(batch 64, vocab 128256) | 0 | 0 | 1 | – |" in table  # no tp 4/8 rows
+    assert "Not measured in this run (time budget): eagle 8." in table
+    assert "| mtp batch 1 | 25.00 µs | <= 30.00 µs | 0.83 | met |  |" in table  # a met point, with its ratio
+    assert table.index("## Targets") < table.index("## mtp:") < table.index("## Target points")
 
 
-def test_table_marks_each_target_met_or_missed():
-    medians = dict(zip(DRAFT_VARIANTS, (2200.0, 2000.0, 1650.0, 1700.0)))
-    rows = _draft_rows("mtp", 1, medians, 1.0)  # 2000 / 1700 = 1.18 (met), 1700 / 1650 = 1.03 (missed)
-    rows += _draft_rows("mtp", 64, dict(medians, draftfuse=1680.0), 2.0)  # 1.018 (met); no 1.15 target at 64
-    rows += [
-        run._row("selection", 1, 32000, None, "bfloat16", "floor", median_us=0.05),
-        run._row("selection", 1, 32000, 1, "bfloat16", "draftfuse", median_us=5.5),  # <= max(2 x 0.05, 6)
-        run._row("selection", 1, 32000, 4, "bfloat16", "softmax+topk", median_us=80.0),
-        run._row("selection", 1, 32000, 4, "bfloat16", "draftfuse", median_us=90.0),  # slower than softmax+topk
-    ]
-    run_info = {"command": "python benchmarks/run.py", "size": "reference", "seconds": 1.0, "skipped": ["eagle 1"]}
-    meta = {"gpu": "NVIDIA H200", "torch": "2.11.0", "date": "today", "copy_bandwidth_TBps": 4.3}
-    table = run.markdown(meta, rows, run_info)
-
-    assert "| MTP eager_seed+captured_loop / draftfuse ≥ 1.15 | 1 | 0 | 0 | – |" in table
-    assert "| draftfuse / hand_fold+hand_argmax ≤ 1.02 | 1 | 1 | 0 | mtp batch 1: 1.030 |" in table
-    assert "| one graph replay per draftfuse call | 1 | 1 | 0 | mtp batch 64: 2.00 |" in table
-    assert "| selection k=1: draftfuse ≤ max(2 × floor, 6 µs) | 1 | 0 | 0 | – |" in table
-    assert "| selection k=4: draftfuse < softmax+topk | 0 | 1 | 0 | bfloat16 V=32000 B=1: 90.00 vs 80.00 |" in table
-    assert "Not measured in this run (time budget): eagle 1." in table
+def test_report_merges_results_files_and_prints_the_targets_last(tmp_path, capsys):
+    first, second = tmp_path / "drafts.json", tmp_path / "selection.json"
+    runs = [{"command": "a", "size": "reference", "seconds": 1.0, "skipped": []}]
+    first.write_text(json.dumps({**META, "runs": runs, "rows": [_draft("mtp", 1, "draftfuse", 1.0, host=20.0)]}))
+    second.write_text(json.dumps({**META, "runs": runs, "rows": [_select(32000, 1, 1, "draftfuse", 3.0)]}))
+    report.main([str(first), str(second), "--out", str(tmp_path / "h200"), "--print", "targets"])
+    merged = json.loads((tmp_path / "h200.json").read_text())
+    assert [r["workload"] for r in merged["rows"]] == ["mtp", "selection"] and len(merged["runs"]) == 2
+    out = capsys.readouterr().out
+    assert out.rstrip().endswith(report.targets_only((tmp_path / "h200.md").read_text()).rstrip())
+    assert "| draftfuse host µs / call ≤ 30 (batch 1 and 32, each draft workload) | 1 | 0 | 5 | – |" in out
+    assert "benchmarks/results/h200_wave1.json" in (tmp_path / "h200.md").read_text()  # the default baseline
 
 
 def test_a_partial_run_keeps_the_other_rows_of_the_results_file(tmp_path):
     meta = {"gpu": "cpu", "torch": "2.13", "date": "today", "copy_bandwidth_TBps": None}
-    info = {"command": "", "size": "tiny", "seconds": 0.0, "skipped": []}
+    info = {"command": "first", "size": "tiny", "seconds": 0.0, "skipped": []}
     first = run._Results(tmp_path, "cpu", meta, partial=False)
-    first.add(_draft_rows("eagle", 1, {"eager": 3.0}, None) + _draft_rows("mtp", 1, {"eager": 1.0}, None))
+    first.add([_draft("eagle", 1, "eager", 3.0), _draft("mtp", 1, "eager", 1.0)])
     first.write(info)
 
     partial = run._Results(tmp_path, "cpu", meta, partial=True)  # e.g. --only mtp
-    partial.add(_draft_rows("mtp", 1, {"eager": 2.0}, None))
-    partial.write(info)
-    rows = json.loads((tmp_path / "cpu.json").read_text())["rows"]
-    assert [(r["workload"], r["median_us"]) for r in rows] == [("mtp", 2.0), ("eagle", 3.0)]
+    partial.add([_draft("mtp", 1, "eager", 2.0)])
+    partial.write(dict(info, command="second"))
+    results = json.loads((tmp_path / "cpu.json").read_text())
+    assert [(r["workload"], r["median_us"]) for r in results["rows"]] == [("mtp", 2.0), ("eagle", 3.0)]
+    assert [r["command"] for r in results["runs"]] == ["first", "second"]
 
     full = run._Results(tmp_path, "cpu", meta, partial=False)
-    full.add(_draft_rows("mtp", 1, {"eager": 4.0}, None))
+    full.add([_draft("mtp", 1, "eager", 4.0)])
     full.write(info)
     rows = json.loads((tmp_path / "cpu.json").read_text())["rows"]
     assert [(r["workload"], r["median_us"]) for r in rows] == [("mtp", 4.0)]
 
 
 @pytest.mark.filterwarnings("ignore:CUDA is not available")
-def test_launches_are_counted_per_labelled_call_and_nested_launches_once(monkeypatch):
+def test_launches_are_counted_per_labelled_call_and_nested_launches_once():
     """The launch counting of the GPU run, on CPU ops standing in for the CUDA launch calls: aten::t runs
     inside aten::linear as a driver launch runs inside a runtime launch, and must not count again."""
-    import torch
     import torch.nn.functional as F
 
-    monkeypatch.setattr(run, "_KERNEL_LAUNCHES", ("aten::linear", "aten::t"))
-    monkeypatch.setattr(run, "_GRAPH_LAUNCHES", ("aten::cos",))
-    monkeypatch.setattr(torch.cuda, "synchronize", lambda: None)
     x = torch.randn(4, 4)
     calls = {"two kernels": lambda: (F.linear(x, x), F.linear(x, x)), "one graph": lambda: x.cos(), ("k", 4): x.sin}
-    counts = run._profiled_launches(calls)
+    counts = _measure.count_launches(calls, graph_names=("aten::cos",), kernel_names=("aten::linear", "aten::t"))
     assert counts == {"two kernels": (0, 2), "one graph": (1, 0), ("k", 4): (0, 0)}
+
+
+def test_one_median_and_cpu_timings():
+    assert _measure.summary([4.0, 1.0, 3.0, 2.0]) == pytest.approx({"median_us": 2.5, "p10_us": 1.3, "p90_us": 3.7})
+    assert _measure.quantile([5.0], 0.9) == 5.0
+    cpu = torch.device("cpu")
+    assert _measure.host_time(lambda: None, cpu).us_per_call is None  # no device to keep busy
+    samples = _measure.time_alternating({"a": lambda: None, "b": lambda: None}, cpu, rounds=3)
+    assert {name: len(times) for name, times in samples.items()} == {"a": 3, "b": 3}
+    errors = {}
+    samples = _measure.time_alternating({"ok": lambda: None, "bad": lambda: 1 / 0}, cpu, rounds=2, errors=errors)
+    assert list(samples) == ["ok"] and errors["bad"].startswith("ZeroDivisionError")
+    assert _measure.rotation_count(1 << 20, cpu) == 1

@@ -1,0 +1,219 @@
+"""The targets the results are checked against, point by point (benchmarks/report.py prints them).
+
+Exactly these, none weakened:
+  host         draftfuse host µs per call ≤ 30 at batch 1 and 32, on every draft workload
+  sel_k1       selection k = 1 (index and the exact max-probability): draftfuse ≤ max(1.5 × floor, 5 µs)
+               at every vocab, batch and dtype of the grid
+  sel_k        selection k ∈ {4, 8, 16}: draftfuse ≤ max(3 × floor, 8 µs), same grid
+  sel_speedup  selection k ∈ {4, 8, 16}: softmax+topk / draftfuse ≥ 10 at batch ≤ 64
+  temperature  temperature-tensor rows: tokens_match
+  baseline     every draft workload at least as fast on the device (draftfuse median) as in the previous
+               committed results (benchmarks/results/h200_wave1.json), batch 1..64
+  tp_speedup   tp_selection: all_gather+softmax+topk / draftfuse ≥ 2 at batch 64, vocab 128256, k = 1 and 4
+  tp_batch1    tp_selection: draftfuse never slower than the gather path at batch 1
+  tp_tokens    tp_selection: tokens_match on every row
+  tp_4x        tp_selection at tp 4 and 8 (where present): gather / draftfuse ≥ 4 at batch 64, vocab 128256
+
+A point is met, missed, or not measured (no row, or no floor or baseline to compare with). A row that
+failed ("error") or whose value is null for a stated reason ("notes"; for the host time "host_note") is
+a miss. Each point carries its
+ratio (measured / limit). The reason printed next to a miss is the row's "error" or "notes" (or
+"host_note" for the host time) or, where
+a maintainer has analysed it, REASONS[(target id, where)] or REASONS[(target id, None)].
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+from benchmarks._rows import DRAFT_WORKLOADS
+
+SELECTION_VOCABS = (32000, 128256, 151936, 262144)
+SELECTION_BATCHES = (1, 8, 32, 64, 256)
+SELECTION_DTYPES = ("bfloat16", "float32")
+SELECTION_KS = (1, 4, 8, 16)
+HOST_BATCHES, HOST_LIMIT_US = (1, 32), 30.0
+BASELINE_BATCHES = (1, 8, 32, 64)
+TP_GATHER = "all_gather+softmax+topk"
+
+# Why a target is missed, where known: {(target id, where or None): text}. Add an entry when a miss has
+# been analysed (notes/kernels.md for the kernels); a row's own "notes" field is used first.
+REASONS: dict[tuple[str, str | None], str] = {}
+
+NAMES = {
+    "host": f"draftfuse host µs / call ≤ {HOST_LIMIT_US:g} (batch 1 and 32, each draft workload)",
+    "sel_k1": "selection k=1 (index + exact max-prob): draftfuse ≤ max(1.5 × floor, 5 µs)",
+    "sel_k": "selection k∈{4,8,16}: draftfuse ≤ max(3 × floor, 8 µs)",
+    "sel_speedup": "selection k∈{4,8,16}: softmax+topk / draftfuse ≥ 10 (batch ≤ 64)",
+    "temperature": "selection with a temperature tensor: tokens match",
+    "baseline": "draftfuse device µs now / previous results (wave 1) ≤ 1 (batch 1..64)",
+    "tp_speedup": f"tp_selection: {TP_GATHER} / draftfuse ≥ 2 (batch 64, vocab 128256, k=1 and 4)",
+    "tp_batch1": f"tp_selection: draftfuse / {TP_GATHER} ≤ 1 (batch 1)",
+    "tp_tokens": "tp_selection: tokens match on every row",
+    "tp_4x": f"tp_selection at tp 4/8: {TP_GATHER} / draftfuse ≥ 4 (batch 64, vocab 128256)",
+}
+
+
+@dataclasses.dataclass
+class Point:
+    target: str  # a key of NAMES
+    where: str
+    measured: float | bool | None
+    limit: float | None = None  # the bound `measured` is held to (None for a yes/no target)
+    op: str = "<="  # "<=", ">=" or "is" (measured must be True)
+    unit: str = ""
+    met: bool | None = None
+    reason: str | None = None
+
+    @property
+    def ratio(self) -> float | None:
+        if isinstance(self.measured, bool) or self.measured is None or not self.limit:
+            return None
+        return self.measured / self.limit
+
+    def text(self, reason: bool = True) -> str:
+        """'where: measured vs op limit (ratio r)', for a miss with its reason unless `reason` is False."""
+        if self.op == "is":
+            value = {True: "yes", False: "no", None: "–"}[self.measured]
+            out = f"{self.where}: tokens match {value}"
+        else:
+            measured = "–" if self.measured is None else f"{self.measured:.2f}{self.unit}"
+            limit = "–" if self.limit is None else f"{self.limit:.2f}{self.unit}"
+            ratio = "" if self.ratio is None else f" (ratio {self.ratio:.2f})"
+            out = f"{self.where}: {measured} vs {self.op} {limit}{ratio}"
+        return out + (f"; {self.reason}" if reason and self.reason and self.met is False else "")
+
+
+def _reason(target: str, where: str, rows: tuple, fields: tuple[str, ...]) -> str | None:
+    for r in rows:
+        for field in fields:
+            if r and r.get(field):
+                return str(r[field]).splitlines()[0][:200]
+    return REASONS.get((target, where), REASONS.get((target, None)))
+
+
+def _bound(target: str, where: str, value: float | None, limit: float | None, op: str, unit: str, *rows: dict | None,
+           fields: tuple[str, ...] = ("error", "notes")) -> Point:  # fmt: skip
+    """A point holding `value` to `limit`. Not measured when either is unknown, unless one of `rows` has
+    one of `fields` (an error, or notes saying why the value is null): then missed."""
+    if value is None or limit is None:
+        failed = limit is not None and any(r and any(r.get(f) for f in fields) for r in rows)
+        met = False if failed else None
+    else:
+        met = value <= limit if op == "<=" else value >= limit
+    return Point(target, where, value, limit, op, unit, met, _reason(target, where, rows, fields))
+
+
+def _tokens(target: str, where: str, r: dict | None) -> Point:
+    value = None if r is None else r.get("tokens_match")
+    met = value is True if value is not None else (False if r and (r.get("error") or r.get("notes")) else None)
+    return Point(target, where, value, None, "is", "", met, _reason(target, where, (r,), ("error", "notes")))
+
+
+def _index(rows: list[dict], *keys: str) -> dict[tuple, dict]:
+    return {tuple(r.get(k) for k in keys): r for r in rows}
+
+
+def _us(r: dict | None) -> float | None:
+    return None if r is None else r.get("median_us")
+
+
+def _quotient(a: float | None, b: float | None) -> float | None:
+    return a / b if a is not None and b else None
+
+
+def draft_points(rows: list[dict], baseline: list[dict] | None) -> list[Point]:
+    drafts = _index([r for r in rows if r["workload"] in DRAFT_WORKLOADS], "workload", "batch", "variant")
+    points = []
+    for workload in DRAFT_WORKLOADS:
+        for batch in HOST_BATCHES:
+            r = drafts.get((workload, batch, "draftfuse"))
+            host = None if r is None else r.get("host_us_per_call")
+            points.append(_bound("host", f"{workload} batch {batch}", host, HOST_LIMIT_US, "<=", " µs", r,
+                                 fields=("error", "host_note", "notes")))  # fmt: skip
+    then = _index([r for r in baseline or [] if r["workload"] in DRAFT_WORKLOADS], "workload", "batch", "variant")
+    for workload in DRAFT_WORKLOADS:
+        for batch in BASELINE_BATCHES:
+            old, new = then.get((workload, batch, "draftfuse")), drafts.get((workload, batch, "draftfuse"))
+            where = f"{workload} batch {batch}"
+            limit = 1.0 if _us(old) else None  # without a previous figure there is nothing to compare with
+            points.append(_bound("baseline", where, _quotient(_us(new), _us(old)), limit, "<=", "", new))
+    return points
+
+
+def selection_points(rows: list[dict]) -> list[Point]:
+    selection = [r for r in rows if r["workload"] == "selection"]
+    plain = _index([r for r in selection if not r.get("temperature")], "dtype", "vocab", "batch", "k", "variant")
+    tempered = _index([r for r in selection if r.get("temperature")], "dtype", "vocab", "batch", "k", "variant")
+    points = []
+    for dtype in SELECTION_DTYPES:
+        for vocab in SELECTION_VOCABS:
+            for batch in SELECTION_BATCHES:
+                floor = _us(plain.get((dtype, vocab, batch, None, "floor")))
+                for k in SELECTION_KS:
+                    where = f"{dtype} V={vocab} B={batch}" + (f" k={k}" if k > 1 else "")
+                    ours = plain.get((dtype, vocab, batch, k, "draftfuse"))
+                    if k == 1:
+                        limit = None if floor is None else max(1.5 * floor, 5.0)
+                        points.append(_bound("sel_k1", where, _us(ours), limit, "<=", " µs", ours))
+                        continue
+                    limit = None if floor is None else max(3 * floor, 8.0)
+                    points.append(_bound("sel_k", where, _us(ours), limit, "<=", " µs", ours))
+                    if batch <= 64:
+                        base = plain.get((dtype, vocab, batch, k, "softmax+topk"))
+                        speedup = _quotient(_us(base), _us(ours))
+                        points.append(_bound("sel_speedup", where, speedup, 10.0, ">=", "×", ours, base))
+    # The grid's temperature rows, and any others present (e.g. of a --quick or --batches run).
+    grid = [(d, v, b, k, variant) for d in SELECTION_DTYPES for v in SELECTION_VOCABS for b in SELECTION_BATCHES
+            for k in SELECTION_KS for variant in ("softmax+topk", "draftfuse")]  # fmt: skip
+    for key in dict.fromkeys(grid + sorted(tempered, key=lambda key: tuple(0 if v is None else v for v in key))):
+        dtype, vocab, batch, k, variant = key
+        points.append(_tokens("temperature", f"{dtype} V={vocab} B={batch} k={k} {variant}", tempered.get(key)))
+    return points
+
+
+def _tp_where(key: tuple) -> str:
+    tp, dtype, vocab, batch, k = key
+    return f"tp {tp}" + (f" {dtype}" if dtype else "") + f" V={vocab} B={batch} k={k}"
+
+
+def tp_points(tp_rows: list[dict]) -> list[Point]:
+    groups: dict[tuple, dict[str, dict]] = {}
+    for r in tp_rows:
+        key = (r.get("tp"), r.get("dtype"), r.get("vocab"), r.get("batch"), r.get("k"))
+        groups.setdefault(key, {})[r["variant"]] = r
+    present = sorted({key[0] for key in groups if key[0] is not None})
+    points = []
+    for tp in present or [2]:
+        bounds = [("tp_speedup", 2.0)] + ([("tp_4x", 4.0)] if tp in (4, 8) else [])
+        for k in (1, 4):
+            at = {key: g for key, g in groups.items() if key[0] == tp and key[2:] == (128256, 64, k)}
+            for target, limit in bounds:
+                if not at:
+                    points.append(_bound(target, f"tp {tp} V=128256 B=64 k={k}", None, limit, ">=", "×"))
+                for key, g in at.items():
+                    gather, ours = g.get(TP_GATHER), g.get("draftfuse")
+                    speedup = _quotient(_us(gather), _us(ours))
+                    points.append(_bound(target, _tp_where(key), speedup, limit, ">=", "×", ours, gather))
+    if not any(tp in (4, 8) for tp in present):
+        points.append(Point("tp_4x", "no tp 4 or 8 rows", None, 4.0, ">=", "×"))
+    batch1 = {key: g for key, g in groups.items() if key[3] == 1}
+    for key, g in sorted(batch1.items(), key=str):
+        gather, ours = g.get(TP_GATHER), g.get("draftfuse")
+        ratio = _quotient(_us(ours), _us(gather))
+        points.append(_bound("tp_batch1", _tp_where(key), ratio, 1.0, "<=", "×", ours, gather))
+    if not batch1:
+        points.append(Point("tp_batch1", "no batch-1 rows", None, 1.0, "<=", "×"))
+    for r in tp_rows:
+        key = (r.get("tp"), r.get("dtype"), r.get("vocab"), r.get("batch"), r.get("k"))
+        points.append(_tokens("tp_tokens", f"{_tp_where(key)} {r['variant']}", r))
+    if not tp_rows:
+        points.append(Point("tp_tokens", "no tp_selection rows", None, None, "is"))
+    return points
+
+
+def all_points(rows: list[dict], baseline: list[dict] | None = None, tp_rows: list[dict] = ()) -> list[Point]:
+    """Every point of every target, in the order of NAMES."""
+    points = draft_points(rows, baseline) + selection_points(rows) + tp_points(list(tp_rows))
+    order = list(NAMES)
+    return sorted(points, key=lambda p: order.index(p.target))  # stable: each target's points stay in order
