@@ -1,13 +1,19 @@
 """The selection ops (torch.ops.draftfuse.argmax_prob / topk_prob) against their torch references.
 
-- CPU: the references against softmax + topk/argmax, the ops' schemas and fake implementations
-  (torch.library.opcheck), a Dynamo + AOT capture.
-- Triton's interpreter (TRITON_INTERPRET=1, on CPU): the kernels against the references on every
-  dtype, ragged and large vocabularies, forced and automatic splits, ties, NaN, +-inf, all-equal rows.
-  Triton reads that variable when a kernel is defined, so these cases run in a subprocess started
-  with it (`python -m tests.test_kernels DTYPE` runs them by hand). Skipped, saying why, where Triton
-  is not installed.
-- `cuda`: the same on the GPU, at the benchmark's sizes, plus CUDA-graph capture and torch.compile.
+- CPU: the references against softmax + topk/argmax (with and without a scale), the scale's rules,
+  the ops' schemas and fake implementations (torch.library.opcheck), a Dynamo + AOT capture.
+- Triton's interpreter (TRITON_INTERPRET=1, on CPU): the kernel against the references on every
+  dtype, ragged and large vocabularies, forced and automatic splits, k from 1 to 16, ties, NaN,
+  +-inf, -0.0, all-equal rows, per-row scales of every sign (0 and NaN too) and a 0-d one; after it
+  the shared workspace must be back to its idle state. Triton reads that variable when a kernel is
+  defined, so these cases run in a subprocess started with it (`python -m tests.test_kernels DTYPE...`
+  runs them by hand). The interpreter runs programs one after another, so the first program of a
+  row always sees no other's slots and the last sees all: both ends of pass 2's floor. Cases are
+  spread over the dtypes, in one subprocess, to stay near 30 s on a 2-core CPU. Skipped, saying
+  why, where Triton is not installed.
+- `cuda`: the same on the GPU at the benchmark's sizes, with and without scales, other tilings,
+  PDL on and off, the workspace's idle state, CUDA-graph capture (with and without a workspace made
+  before it) and torch.compile.
 """
 
 import importlib.util
@@ -23,6 +29,9 @@ from draftfuse.kernels import selection as _selection
 
 DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
 NAN, INF = float("nan"), float("inf")
+INT32_MIN = -(2**31)
+# one scale per special row (10 rows): both signs, 0, NaN, tiny, and large enough to overflow y
+SPECIAL_SCALES = (1.0, -1.0, 0.0, 0.5, -2.0, NAN, 3.0, -0.5, 1e-3, 1e30)
 
 
 def special_rows(vocab: int, dtype: torch.dtype, device: str = "cpu") -> torch.Tensor:
@@ -42,9 +51,25 @@ def special_rows(vocab: int, dtype: torch.dtype, device: str = "cpu") -> torch.T
     return torch.stack(rows).to(dtype).to(device)
 
 
-def check_selection(logits: torch.Tensor, k: int, log: bool, prob: torch.Tensor, index: torch.Tensor) -> str:
-    """'' if (prob, index) from the kernels equal the reference, else what differs."""
-    want_prob, want_index = topk_prob_reference(logits.cpu(), k, log)
+def special_scales(rows: int, device: str = "cpu") -> torch.Tensor:
+    return torch.tensor([SPECIAL_SCALES[i % len(SPECIAL_SCALES)] for i in range(rows)], device=device)
+
+
+def rounding_ties(device: str = "cpu") -> torch.Tensor:
+    """float32 rows of distinct values whose products with 0.75 round to ties (x in [1.5, 2): the
+    products' spacing is 3/4 of an ulp), ascending and shuffled: x * s must not decide the order."""
+    x = 1.5 + torch.arange(4096, dtype=torch.float64) * 2.0**-23
+    g = torch.Generator().manual_seed(1)
+    return torch.stack([x, x[torch.randperm(4096, generator=g)], -x]).float().to(device)
+
+
+def check_selection(
+    logits: torch.Tensor, k: int, log: bool, prob: torch.Tensor, index: torch.Tensor, scale: torch.Tensor | None = None
+) -> str:
+    """'' if (prob, index) from the kernels equal the reference (run where the logits are), else what
+    differs."""
+    want_prob, want_index = topk_prob_reference(logits, k, log, scale)
+    want_prob, want_index = want_prob.cpu(), want_index.cpu()
     prob, index = prob.cpu().reshape(want_prob.shape), index.cpu().reshape(want_index.shape)
     if not torch.equal(index, want_index):
         rows = (index != want_index).any(-1).nonzero().flatten().tolist()
@@ -57,58 +82,87 @@ def check_selection(logits: torch.Tensor, k: int, log: bool, prob: torch.Tensor,
     return ""
 
 
-def _interpreter_cases(dtype: torch.dtype) -> list[tuple[str, torch.Tensor, int, bool, int | None]]:
-    """(name, logits, k, log, splits) for the interpreter, sized for a 2-core CPU."""
-    cases = []
-    for vocab in (1, 7, 1000, 4099):  # 4099: two whole tiles and a ragged tail, so 3 splits by default
-        rows = special_rows(vocab, dtype)
-        for k in (1, 4, 16):
-            if k <= vocab:
-                cases.append((f"special-v{vocab}-k{k}", rows, k, k == 4, None))
-                if vocab == 4099:
-                    cases.append((f"special-v{vocab}-k{k}-one-split", rows, k, k == 1, 1))
+def _interpreter_cases(dtype: torch.dtype) -> list[tuple]:
+    """(name, logits, k, log, splits, scale) for the interpreter, sized for a 2-core CPU (each case
+    is spread over the dtypes rather than repeated for each)."""
     g = torch.Generator().manual_seed(0)
-    batch = 256 if dtype == torch.bfloat16 else 64  # the interpreter runs programs one by one
-    ties = torch.randint(-2, 3, (batch, 64), generator=g).to(dtype)
-    cases.append((f"ties-b{batch}-v64-k4", ties, 4, True, None))
-    for vocab, k in ((32000, 16), (128256, 1), (151936, 4), (262144, 1)):
-        logits = (torch.randn(1, vocab, generator=g) * 4).to(dtype)
-        cases.append((f"random-b1-v{vocab}-k{k}", logits, k, False, None))
-    return cases
+    randn = lambda rows, vocab: (torch.randn(rows, vocab, generator=g) * 4).to(dtype)  # noqa: E731
+    if dtype == torch.bfloat16:
+        s1000 = special_rows(1000, dtype)
+        return [
+            ("special-v1-k1", special_rows(1, dtype), 1, False, None, None),
+            ("special-v1000-k1-log", s1000, 1, True, None, None),
+            ("special-v4099-k1-3-splits", special_rows(4099, dtype), 1, False, 3, None),
+            ("special-v4099-k16-2-splits", special_rows(4099, dtype), 16, False, 2, None),
+            ("special-v1000-k4-scaled", s1000, 4, False, None, special_scales(10)),
+            ("random-b1-v32000-k16", randn(1, 32000), 16, False, None, None),
+            ("ties-b8-v64-k4-log", torch.randint(-2, 3, (8, 64), generator=g).to(dtype), 4, True, None, None),
+        ]
+    if dtype == torch.float32:
+        ties = rounding_ties()
+        return [
+            ("special-v2100-k1-scaled-2-splits", special_rows(2100, dtype), 1, True, 2, special_scales(10)),
+            ("special-v2100-k8-scaled-2-splits", special_rows(2100, dtype), 8, False, 2, special_scales(10)),
+            ("special-v1000-k16-scaled-log", special_rows(1000, dtype), 16, True, None, special_scales(10)),
+            ("rounding-ties-k1", ties, 1, False, 2, torch.tensor([0.75, 0.75, -0.75])),
+            ("rounding-ties-k4", ties, 4, False, 2, torch.tensor([0.75, -0.75, 0.75])),
+            ("random-b1-v40000-k1-0d-scale", randn(1, 40000), 1, False, None, torch.tensor(-0.7)),
+        ]
+    return [  # float16
+        ("special-v7-k4-scaled-log", special_rows(7, dtype), 4, True, None, special_scales(10)),
+        ("special-v1000-k2-one-split", special_rows(1000, dtype), 2, False, 1, None),
+        ("random-b2-v5000-k16-scaled", randn(2, 5000), 16, False, None, torch.tensor([2.0, 0.0])),
+    ]
 
 
 def run_interpreter_cases(dtype: torch.dtype) -> list[str]:
-    """Runs the kernels under Triton's interpreter; returns the failures."""
+    """Runs the kernel under Triton's interpreter; returns the failures."""
     kernels = _selection._triton_selection()
     failures = []
-    for name, logits, k, log, splits in _interpreter_cases(dtype):
-        prob = torch.empty(logits.shape[0], k)
-        index = torch.empty(logits.shape[0], k, dtype=torch.int64)
-        kernels.launch_selection(logits, k, log, prob, index, splits=splits)
-        if problem := check_selection(logits, k, log, prob, index):
-            failures.append(f"{name}: {problem}")
-    # the ops' CUDA-path wrapper: leading dims that don't flatten to one stride, and a strided last dim
-    logits = special_rows(1000, dtype).reshape(2, 5, 1000).transpose(0, 1)
-    for k in (1, 3):
-        prob = torch.empty(*logits.shape[:-1], k)
-        index = torch.empty(*logits.shape[:-1], k, dtype=torch.int64)
-        _selection._run_kernels(logits, k, False, prob, index)
-        if problem := check_selection(logits, k, False, prob, index):
-            failures.append(f"3-d logits, k={k}: {problem}")
+    for name, logits, k, log, splits, scale in _interpreter_cases(dtype):
+        prob = torch.full((logits.shape[0], k), -7.0)  # poisoned: every element must be written
+        index = torch.full((logits.shape[0], k), -7, dtype=torch.int64)
+        kernels.launch_selection(logits, k, log, prob, index, scale, splits=splits)
+        if problem := check_selection(logits, k, log, prob, index, scale):
+            failures.append(f"{dtype}, {name}: {problem}")
+    if dtype == torch.float16:
+        # the ops' CUDA-path wrapper: leading dims that don't flatten to one stride, a strided last
+        # dim, a per-row scale over those leading dims
+        logits = special_rows(1000, dtype).reshape(2, 5, 1000).transpose(0, 1)
+        scale = special_scales(10).reshape(2, 5).transpose(0, 1)
+        for k, s in ((1, None), (3, scale)):
+            prob = torch.empty(*logits.shape[:-1], k)
+            index = torch.empty(*logits.shape[:-1], k, dtype=torch.int64)
+            _selection._run_kernels(logits, k, False, prob, index, s)
+            if problem := check_selection(logits, k, False, prob, index, s):
+                failures.append(f"{dtype}, 3-d logits, k={k}: {problem}")
+    if dtype == torch.bfloat16:
+        # a per-call workspace (what a CUDA-graph capture without the shared one fills and uses)
+        logits = special_rows(1000, dtype)
+        prob, index = torch.empty(10, 4), torch.empty(10, 4, dtype=torch.int64)
+        fresh = kernels._fresh_workspace(10, logits.device)
+        kernels.launch_selection(logits, 4, False, prob, index, splits=2, workspace=fresh)
+        if problem := check_selection(logits, 4, False, prob, index):
+            failures.append(f"{dtype}, per-call workspace: {problem}")
+        if not bool((fresh == INT32_MIN).all()):
+            failures.append("the per-call workspace is not idle after its launch")
+    # every launch leaves the counters and slots as it found them
+    for ws in kernels._workspaces.values():
+        if not bool((ws == INT32_MIN).all()):
+            failures.append(f"{dtype}: workspace not idle after the launches: {(ws != INT32_MIN).nonzero()[:4].tolist()}")
     return failures
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("dtype_name", DTYPES)
-def test_kernels_in_triton_interpreter(dtype_name):
+def test_kernels_in_triton_interpreter():
     if importlib.util.find_spec("triton") is None:
         pytest.skip("Triton is not installed, so the selection kernels can't run in its interpreter (pip install triton)")
     repo = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    done = subprocess.run(
-        [sys.executable, "-m", "tests.test_kernels", dtype_name],
+    done = subprocess.run(  # one process for every dtype: each start costs seconds
+        [sys.executable, "-m", "tests.test_kernels", *DTYPES],
         cwd=repo, env={**os.environ, "TRITON_INTERPRET": "1"}, capture_output=True, text=True, timeout=600,
     )
-    assert done.returncode == 0, done.stdout + done.stderr
+    assert done.returncode == 0, done.stdout + done.stderr[-4000:]
 
 
 def test_reference_matches_softmax_then_topk():
@@ -127,6 +181,58 @@ def test_reference_matches_softmax_then_topk():
     torch.testing.assert_close(log_prob, torch.topk(torch.log_softmax(x, -1), 5).values, rtol=1e-5, atol=1e-6)
 
 
+def test_reference_with_scale_is_softmax_of_scaled_logits():
+    x = torch.randn(6, 50, 300, dtype=torch.float64).float()
+    scale = torch.rand(6, 50) * 4 - 2  # both signs, one per row
+    y = x * scale[..., None]
+    p = torch.softmax(y, dim=-1)
+    for k in (1, 7):
+        prob, index = topk_prob_reference(x, k, scale=scale)
+        want = torch.topk(p, k)
+        torch.testing.assert_close(prob, want.values, rtol=1e-6, atol=0)
+        assert torch.equal(index, want.indices)
+        log_prob, _ = topk_prob_reference(x, k, log=True, scale=scale)
+        torch.testing.assert_close(log_prob, torch.topk(torch.log_softmax(y, -1), k).values, rtol=1e-5, atol=1e-6)
+    index, prob = argmax_prob_reference(x, scale=scale)
+    assert torch.equal(index, p.argmax(-1))
+    torch.testing.assert_close(prob, p.max(-1).values, rtol=1e-6, atol=0)
+    # a 0-d scale applies to every row; scale 1 is no scale
+    index, prob = argmax_prob_reference(x, scale=torch.tensor(0.5))
+    torch.testing.assert_close(prob, torch.softmax(x * 0.5, -1).max(-1).values, rtol=1e-6, atol=0)
+    for got, want in zip(topk_prob_reference(x.bfloat16(), 4, scale=torch.tensor(1.0)), topk_prob_reference(x.bfloat16(), 4)):
+        assert torch.equal(got, want)
+
+
+def test_reference_scale_order_rules():
+    x = torch.tensor([[1.0, 3.0, NAN, 3.0, -INF], [2.0, -1.0, 5.0, -1.0, 0.0], [1.0, INF, 2.0, 0.0, -0.0]])
+    # s < 0: the order of -x (NaN still first; ties to the lower index); s = 0: all tie (inf * 0 is NaN)
+    _, index = topk_prob_reference(x, 5, scale=torch.tensor([-1.0, -2.0, 0.0]))
+    assert index.tolist() == [[2, 4, 0, 1, 3], [1, 3, 4, 0, 2], [1, 0, 2, 3, 4]]
+    index, prob = argmax_prob_reference(x[1:2], scale=torch.tensor([0.0]))
+    assert index.tolist() == [0] and prob.item() == pytest.approx(1 / 5)
+    # a NaN scale: every product is NaN, so all tie (torch.sign(nan) is 0, which would not be)
+    prob, index = topk_prob_reference(x[1:2], 4, scale=torch.tensor([NAN]))
+    assert index.tolist() == [[0, 1, 2, 3]] and prob.isnan().all()
+    # float32 products that round to ties keep the order of x
+    ties = rounding_ties()
+    y = ties * 0.75
+    assert (y[0, 1:] == y[0, :-1]).any()  # the premise: some neighbours' products tie
+    index, _ = argmax_prob_reference(ties, scale=torch.tensor([0.75, 0.75, -0.75]))
+    assert index.tolist() == [4095, int(ties[1].argmax()), 4095]
+    _, index = topk_prob_reference(ties, 3, scale=torch.tensor([0.75, -0.75, 0.75]))
+    assert index[0].tolist() == [4095, 4094, 4093] and index[1].tolist() == [int(i) for i in ties[1].argsort()[:3]]
+
+
+def test_scale_checks():
+    x = torch.randn(2, 3, 10)
+    for bad in (torch.ones(2), torch.ones(2, 3, 1), torch.ones(6), torch.ones(2, 3, dtype=torch.int32)):
+        with pytest.raises(ValueError, match="scale"):
+            topk_prob_reference(x, 2, scale=bad)
+        with pytest.raises(ValueError, match="scale"):
+            torch.ops.draftfuse.argmax_prob(x, False, bad)
+    torch.ops.draftfuse.topk_prob(x, 2, False, torch.ones(2, 3, dtype=torch.float64))  # any float dtype
+
+
 def test_reference_order_and_special_values():
     x = torch.tensor([[1.0, NAN, 3.0, NAN], [1.0, INF, 2.0, INF], [2.0, 5.0, 5.0, 5.0], [-INF, -INF, -INF, -INF]])
     index, prob = argmax_prob_reference(x)
@@ -141,22 +247,28 @@ def test_reference_order_and_special_values():
 
 def test_ops_schema_and_fake_implementations():
     x = torch.randn(3, 4, 100)
+    scale = torch.rand(3, 4) - 0.5
     for log in (False, True):
         torch.library.opcheck(torch.ops.draftfuse.argmax_prob.default, (x, log))
         torch.library.opcheck(torch.ops.draftfuse.topk_prob.default, (x.bfloat16(), 4, log))
+        torch.library.opcheck(torch.ops.draftfuse.argmax_prob.default, (x, log, scale))
+        torch.library.opcheck(torch.ops.draftfuse.topk_prob.default, (x.bfloat16(), 16, log, torch.tensor(2.0)))
     torch.library.opcheck(torch.ops.draftfuse.topk_prob.default, (x[..., ::2], 3))
-    assert str(torch.ops.draftfuse.argmax_prob.default._schema).endswith("(Tensor logits, bool log=False) -> (Tensor, Tensor)")
+    schema = str(torch.ops.draftfuse.argmax_prob.default._schema)
+    assert schema.endswith("(Tensor logits, bool log=False, Tensor? scale=None) -> (Tensor, Tensor)"), schema
+    schema = str(torch.ops.draftfuse.topk_prob.default._schema)
+    assert schema.endswith("(Tensor logits, SymInt k, bool log=False, Tensor? scale=None) -> (Tensor, Tensor)"), schema
 
 
 def test_ops_captured_by_dynamo_as_one_graph():
-    def draft_pick(logits):
+    def draft_pick(logits, inv_temperature):
         index, prob = torch.ops.draftfuse.argmax_prob(logits)
-        top_prob, top_index = torch.ops.draftfuse.topk_prob(logits, 4, True)
+        top_prob, top_index = torch.ops.draftfuse.topk_prob(logits, 4, True, inv_temperature)
         return index, prob, top_prob, top_index
 
-    x = torch.randn(2, 1000)
-    got = torch.compile(draft_pick, backend="aot_eager", fullgraph=True)(x)
-    for a, b in zip(got, draft_pick(x)):
+    x, s = torch.randn(2, 1000), torch.tensor([0.7, -1.3])
+    got = torch.compile(draft_pick, backend="aot_eager", fullgraph=True)(x, s)
+    for a, b in zip(got, draft_pick(x, s)):
         assert torch.equal(a, b)
 
 
@@ -169,87 +281,122 @@ def test_kernels_predicate():
     assert selection_kernels_available(torch.device("cuda", 0), torch.bfloat16, 16) == triton
 
 
+BENCH_SIZES = [(b, v) for v in (32000, 128256, 151936, 262144) for b in (1, 8, 64, 256)] + [(3, 7), (5, 1000003)]
+
+
 @pytest.mark.cuda
 @pytest.mark.parametrize("dtype_name", DTYPES)
-@pytest.mark.parametrize("k", [1, 3, 16])
-def test_cuda_kernels_match_reference(dtype_name, k):
+@pytest.mark.parametrize("k", [1, 3, 4, 8, 16])
+@pytest.mark.parametrize("scaled", [False, True], ids=["unscaled", "scaled"])
+def test_cuda_kernels_match_reference(dtype_name, k, scaled):
     dtype = DTYPES[dtype_name]
     assert selection_kernels_available("cuda", dtype, k)
     g = torch.Generator(device="cuda").manual_seed(k)
-    sizes = [(b, v) for v in (32000, 128256, 151936, 262144) for b in (1, 8, 64, 256)] + [(3, 7), (5, 1000003)]
-    for batch, vocab in sizes:
+    for batch, vocab in BENCH_SIZES:
         if vocab < k:
             continue
         x = (torch.randn(batch, vocab, device="cuda", generator=g) * 4).to(dtype)
+        scale = (torch.rand(batch, device="cuda", generator=g) * 4 - 2) if scaled else None
         for log in (False, True):
             if k == 1:
-                index, prob = torch.ops.draftfuse.argmax_prob(x, log)
-                assert torch.equal(index, x.argmax(-1)), (batch, vocab)
+                index, prob = torch.ops.draftfuse.argmax_prob(x, log, scale)
                 prob, index = prob[:, None], index[:, None]
             else:
-                prob, index = torch.ops.draftfuse.topk_prob(x, k, log)
-            assert not (problem := check_selection(x, k, log, prob, index)), (batch, vocab, log, problem)
+                prob, index = torch.ops.draftfuse.topk_prob(x, k, log, scale)
+            assert not (problem := check_selection(x, k, log, prob, index, scale)), (batch, vocab, log, problem)
     for vocab in (1, 7, 1000, 4099, 32000, 151936):
         if k <= vocab:
             x = special_rows(vocab, dtype, "cuda")
-            prob, index = torch.ops.draftfuse.topk_prob(x, k)
-            assert not (problem := check_selection(x, k, False, prob, index)), (vocab, problem)
+            scale = special_scales(10, "cuda") if scaled else None
+            prob, index = torch.ops.draftfuse.topk_prob(x, k, False, scale)
+            assert not (problem := check_selection(x, k, False, prob, index, scale)), (vocab, problem)
+    if dtype == torch.float32 and scaled:
+        x = rounding_ties("cuda")
+        scale = torch.tensor([0.75, -0.75, 0.75], device="cuda")
+        prob, index = torch.ops.draftfuse.topk_prob(x, k, False, scale)
+        assert not (problem := check_selection(x, k, False, prob, index, scale)), problem
+    for ws in _selection._triton_selection()._workspaces.values():
+        assert bool((ws == INT32_MIN).all()), "a launch left the workspace dirty"
 
 
 @pytest.mark.cuda
-@pytest.mark.parametrize("tile", [(512, 1, 24), (2048, 4, 8)], ids=str)
+@pytest.mark.parametrize("tile", [(512, 24, False), (2048, 8, True), (1024, 4, True), (1024, 32, False)], ids=str)
 def test_cuda_other_tilings(tile):
     """The tiling is a tuning choice (benchmarks/selection.py --tile): results must not depend on it."""
     kernels = _selection._triton_selection()
-    block, num_warps, programs_per_sm = tile
+    block, programs_per_sm, pdl = tile
     for dtype in DTYPES.values():
         for x in (special_rows(4099, dtype, "cuda"), torch.randn(64, 151936, device="cuda").mul_(4).to(dtype)):
             for k in (1, 4, 16):
-                prob = torch.empty(x.shape[0], k, device="cuda")
-                index = torch.empty(x.shape[0], k, device="cuda", dtype=torch.int64)
-                kernels.launch_selection(
-                    x, k, False, prob, index, block=block, num_warps=num_warps, programs_per_sm=programs_per_sm
-                )
-                assert not (problem := check_selection(x, k, False, prob, index)), (dtype, x.shape, k, problem)
+                for scale in (None, torch.rand(x.shape[0], device="cuda") - 0.5):
+                    prob = torch.empty(x.shape[0], k, device="cuda")
+                    index = torch.empty(x.shape[0], k, device="cuda", dtype=torch.int64)
+                    kernels.launch_selection(
+                        x, k, False, prob, index, scale, block=block, programs_per_sm=programs_per_sm, pdl=pdl
+                    )
+                    problem = check_selection(x, k, False, prob, index, scale)
+                    assert not problem, (dtype, x.shape, k, scale is not None, problem)
 
 
 @pytest.mark.cuda
-def test_cuda_graph_replay_recomputes():
+@pytest.mark.parametrize("fresh_workspace", [False, True], ids=["shared-workspace", "captured-without-one"])
+def test_cuda_graph_replay_recomputes(fresh_workspace):
+    kernels = _selection._triton_selection()
     static = torch.randn(8, 128256, device="cuda", dtype=torch.bfloat16)
+    scale = torch.rand(8, device="cuda") + 0.5
     torch.ops.draftfuse.topk_prob(static, 4)  # compile the kernels outside the capture
-    torch.ops.draftfuse.argmax_prob(static)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        prob, index = torch.ops.draftfuse.topk_prob(static, 4)
-        top1, top1_prob = torch.ops.draftfuse.argmax_prob(static)
-    for _ in range(3):
-        static.copy_(torch.randn_like(static))
-        graph.replay()
-        assert not check_selection(static, 4, False, prob, index)
-        assert not check_selection(static, 1, False, top1_prob[:, None], top1[:, None])
+    torch.ops.draftfuse.argmax_prob(static, False, scale)
+    saved = dict(kernels._workspaces)
+    if fresh_workspace:
+        kernels._workspaces.clear()  # the capture must then fill a workspace of its own
+    try:
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            prob, index = torch.ops.draftfuse.topk_prob(static, 4)
+            top1, top1_prob = torch.ops.draftfuse.argmax_prob(static, False, scale)
+        for _ in range(3):
+            static.copy_(torch.randn_like(static))
+            scale.copy_(torch.rand_like(scale) * 4 - 2)
+            graph.replay()
+            assert not check_selection(static, 4, False, prob, index)
+            assert not check_selection(static, 1, False, top1_prob[:, None], top1[:, None], scale)
+    finally:
+        kernels._workspaces.clear()
+        kernels._workspaces.update(saved)
 
 
 @pytest.mark.cuda
 def test_cuda_compiled_reduce_overhead():
+    """CUDA-graph trees warm up (outside capture, allocating into their pool) and then record: with no
+    workspace yet, the warm-up makes it, on a side stream, so that it never lands in their pool (whose
+    leak check would fail the recording)."""
     torch._dynamo.reset()
+    kernels = _selection._triton_selection()
+    saved = dict(kernels._workspaces)
+    kernels._workspaces.clear()
 
-    def pick(logits):
+    def pick(logits, inv_temperature):
         index, prob = torch.ops.draftfuse.argmax_prob(logits)
-        return index, prob.to(logits.dtype)
+        top_prob, top_index = torch.ops.draftfuse.topk_prob(logits, 8, False, inv_temperature)
+        return index, prob.to(logits.dtype), top_prob, top_index
 
     fn = torch.compile(pick, mode="reduce-overhead", fullgraph=True)
     for _ in range(3):  # warm-up, record, replay
         x = torch.randn(4, 151936, device="cuda", dtype=torch.bfloat16)
-        index, prob = fn(x)
+        s = torch.rand(4, device="cuda") + 0.5
+        index, prob, top_prob, top_index = fn(x, s)
         assert torch.equal(index, x.argmax(-1))
         # float32 inside, then one rounding to bf16: at most one bf16 ulp from softmax's own rounding
         torch.testing.assert_close(prob, torch.softmax(x.float(), -1).amax(-1).to(x.dtype), rtol=2**-7, atol=0)
+        assert not check_selection(x, 8, False, top_prob, top_index, s)
+    assert kernels._workspaces, "the warm-up made no workspace"
+    kernels._workspaces.update(saved)
 
 
 if __name__ == "__main__":
     import triton  # noqa: F401  (fail loudly here: the test skips before starting this without Triton)
 
     assert os.environ.get("TRITON_INTERPRET") == "1", "run with TRITON_INTERPRET=1 (Triton's interpreter, on CPU)"
-    failed = run_interpreter_cases(DTYPES[sys.argv[1]])
-    print("\n".join(failed) or f"all interpreter cases passed ({sys.argv[1]})")
+    failed = [failure for name in sys.argv[1:] for failure in run_interpreter_cases(DTYPES[name])]
+    print("\n".join(failed) or f"all interpreter cases passed ({', '.join(sys.argv[1:])})")
     sys.exit(1 if failed else 0)

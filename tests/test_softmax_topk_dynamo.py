@@ -434,13 +434,14 @@ class GraphModule(torch.nn.Module):
         return (getitem, getitem_1)
 """)
 
-    def test_tensor_temperature(self):
+    def test_temperature_that_reweighs_entries_of_a_row(self):
+        # one factor per vocabulary entry is no temperature: it can reorder a row
         def f(x, t):
             return torch.softmax(x / t, -1).argmax(-1)
 
-        self.assertExpectedInline(self.refuse(f, X, torch.tensor(0.7), reason="sign is not known"), """\
+        self.assertExpectedInline(self.refuse(f, X, torch.rand(32) + 0.5, reason="varies along the softmax dim"), """\
 class GraphModule(torch.nn.Module):
-    def forward(self, L_x_: "f32[4, 32]", L_t_: "f32[]"):
+    def forward(self, L_x_: "f32[4, 32]", L_t_: "f32[32]"):
         l_x_ = L_x_
         l_t_ = L_t_
 
@@ -523,6 +524,38 @@ class GraphModule(torch.nn.Module):
         self.assertEqual(graph_text(result.graph_module), graph_text(gm))
 
 
+class TensorTemperatures(TestCase):
+    """softmax(x / t) with t a tensor, one value per row or one for all (SGLang's and vLLM's per-request
+    temperatures): the selection follows the order of x * sign(t), whatever t's sign; the values are
+    computed from the scaled scores, as the softmax saw them."""
+
+    def check(self, fn, *args, lowering="torch"):
+        gm = dynamo_graph(fn, *args)
+        result = rewrite_softmax_topk(gm, lowering=lowering)
+        self.assertEqual(len(result.report.rewrites), 1, str(result.report))
+        self.assertIn("temperature tensor", result.report.rewrites[0].detail)
+        inputs = [dict(zip(("x", "t"), args))[str(p.target)[2:-1]] for p in gm.graph.find_nodes(op="placeholder")]
+        (got_values, got_index), (want_values, want_index) = result.graph_module(*inputs), fn(*args)
+        self.assertTrue(torch.equal(got_index, want_index), (got_index, want_index))
+        torch.testing.assert_close(got_values, want_values)
+        return graph_text(result.graph_module)
+
+    def test_per_row_temperature_of_any_sign(self):
+        def f(x, t):
+            return torch.softmax(x / t[:, None], -1).topk(3)
+
+        t = torch.tensor([0.5, -1.0, 2.0, -0.25])
+        for lowering in ("torch", "kernels"):  # the kernels' scale operand (their torch reference on a CPU)
+            self.check(f, X, t, lowering=lowering)
+
+    def test_scalar_temperature_multiplied(self):
+        def f(x, t):
+            return torch.softmax(x.float() * t, -1).max(-1)
+
+        after = self.check(f, X_BF16, torch.tensor(-1.5))
+        self.assertIn("torch.sign(l_t_)", after)
+
+
 class KernelLowering(TestCase):
     """lowering="kernels" selects with draftfuse's ops (on a CPU they run their torch reference);
     "auto" takes them only where the Triton kernels run (CUDA), and the report says why not."""
@@ -570,4 +603,4 @@ class GraphModule(torch.nn.Module):
 
         result = rewrite_softmax_topk(dynamo_graph(f, X), lowering="kernels")
         self.assertNotIn("draftfuse", graph_text(result.graph_module))
-        self.assertIn("values under a temperature", result.report.rewrites[0].detail)
+        self.assertIn("values under a constant temperature", result.report.rewrites[0].detail)

@@ -1,45 +1,90 @@
-"""Triton kernels behind draftfuse's selection ops: top-k (k = 1 is the argmax) over the last dim of a
-[rows, vocab] logits tensor, with softmax probabilities, in one pass over the logits.
+"""Triton kernel behind draftfuse's selection ops: top-k (k = 1 is the argmax) over the last dim of a
+[rows, vocab] logits tensor, with softmax probabilities, in one pass over the logits and one launch.
 
-Stage 1 splits each row into chunks, one program per (row, chunk), so that a small batch still fills
-the GPU. A program walks its chunk tile by tile keeping two things:
-  - the running max m and the running sum s of exp(x - m), rescaled when m grows (online softmax);
-  - its k best elements as packed int64 keys (order key of the value in the high word, the inverted
-    index in the low word), so one integer max picks the larger value and, on ties, the lower index.
-Most tiles only update (m, s): a tile is searched for candidates only when its max beats the k-th key
-kept so far, or when it holds a NaN (its exp-sum is NaN). For k > 1 the programs of a row also share
-that bound through an int64 per row (atomic max): a key below any program's k-th key can't be in the
-row's top k, so each program skips what the others have already beaten. How many tiles are searched
-depends on the data: a program's first tile always, few after it when the large logits are scattered,
-every tile on ascending rows (still correct, slower).
-Stage 2, one program per row, merges the chunks' (m, s) and keys and writes index and probability.
+Each row is split into chunks, one single-warp program per (row, chunk), so that a small batch still
+fills the GPU; a tile is 512 elements, 16 per lane as 16-byte loads, the next tile's loads issued
+before this tile's math, and the grid stays within one wave. With a scale s per row the softmax is that of y = x * s and the order is that of
+u = x * sign(s): the exact order of x * s, which rounding in y could tie for float32 logits.
 
-Order and special values follow torch: NaN is above +inf (torch.argmax and torch.sort put it first),
--0.0 equals +0.0, equal values resolve to the lower index. Probabilities are computed in float32 as
-exp(v - max) / sum(exp(x - max)) (log: v - max - log(sum)); a row whose max is NaN or +-inf gets NaN
-probabilities, as the float32 softmax gives. Limits: k <= 16 (stage 2 merges splits * k keys in one
-program), vocab < 2**31, fp32/fp16/bf16 logits with a contiguous last dim.
+Pass 1 (every program) streams its chunk tile by tile: the running max m and sum of exp(y - m)
+(online softmax), and
+  - k = 1: the best (u, index) so far; a tile is searched only when its max can beat it (or it holds
+    a NaN), and the search is two compares per element (the tile's max and its first index);
+  - k > 1: each lane's max of y is published (atomic max, only when it grew) to 32 slots per row
+    shared by all programs of the row, and each tile's max key is kept in registers. Every slot holds
+    a value of a distinct element, so the k-th largest slot bounds the row's k-th largest value from
+    below: elements under it can't be in the top k. A slot is the max over ~vocab/32 elements, so
+    this floor lands near the row's true k-th value once the row's programs have published.
+Pass 2 (k > 1) reads the floor and re-reads only the tiles whose max reaches it (usually none or
+one, from L1/L2), collecting the elements at or above it into the program's top k: each round takes
+every lane's best remaining candidate at once and merges them into a sorted top list (a 64-wide
+bitonic sort in one warp, ~770 SASS instructions), so a round costs the same for one candidate or 32;
+the programs that read the slots before the others have published do 2-3 rounds, most none.
+Measured on an H200 (notes/kernels.md, wave 2): k = 1 reads bf16 32 x 128256 in 6.4 us, k = 16 at
+batch 1 takes 13-18 us, most of it in those rounds and the atomics' round trips.
+Merge: each program writes its (m, sum) and best keys, then counts itself in with an atomic on a
+per-row counter; the row's last program (a release/acquire pair orders the others' writes before
+its reads) merges the partials, writes index and probability, and resets the counter and slots.
+
+The counter and slots live in a per-stream workspace (`_workspace`) that every launch leaves as it
+found it (all INT32_MIN), so a call needs no fill kernel; it is created outside CUDA-graph capture
+(the first call on a device, by a helper thread, so that it never lands in a CUDA-graph tree's memory
+pool) and a call captured before it exists, or with more rows, fills a per-call copy instead (one
+more kernel). Two of these kernels must not run at once on two streams of one device (they would
+share counters).
+
+Layout: a tile is a [32, J, V] tensor, lane axis first: Triton 3.6 gives its 32 threads to the first
+of the strided axes, so each thread holds one lane's elements and per-lane reductions need no
+shuffles (with the lane axis second it split the threads 4 x 8 and every merge round tripled).
+
+Packed keys: an int64 holding the order key of u (an int32 whose signed order is torch's order of
+floats: NaN above +inf, -0.0 == +0.0) in the high word and 2**31 - 1 - index in the low word, so
+one integer max picks the larger value and, on ties, the lower index. Probabilities are float32:
+exp(y - max) / sum(exp(y - max)) (log: y - max - log(sum)); a row whose max of y is NaN or +-inf
+gets NaN probabilities, as the float32 softmax gives.
+
+Limits: k <= 16, vocab < 2**31, at most _MAX_TILES tiles per chunk and (k > 1) k * chunks <=
+_MERGE_KEYS, fp32/fp16/bf16 logits with a contiguous last dim.
 """
+
+import functools
+import threading
 
 import torch
 import triton
 import triton.language as tl
 
-_EMPTY = tl.constexpr(-(2**63))  # below every real packed key
-_NEVER_EVICTED = tl.constexpr(2**63 - 1)  # fills the slots past k in a power-of-two slot array
+_NO_KEY = tl.constexpr(-(2**31))  # int32 below every element's order key: the workspace's idle value
+_EMPTY = tl.constexpr(-(2**63))  # int64 below every packed key
 _NAN_KEY = tl.constexpr(2**31 - 1)
+_BIG_INDEX = tl.constexpr(2**31 - 1)
 _LOG2E = tl.constexpr(1.4426950408889634)
+_MAX_TILES = tl.constexpr(256)  # tiles per chunk: the length of a program's record of tile maxima
+_MERGE_SPLITS = tl.constexpr(128)  # the last program reads (max, sum) of all chunks at once: splits <= this
 
-# Elements per tile and warps per program, by element size. One warp per program: every reduction
-# is a few shuffles, with no shared memory or barrier on the per-tile critical path (four-warp
-# programs of 2048 were 1.5x slower on an H200, notes/kernels.md). 32 elements per thread: four
-# 16-byte loads per tile for half types, eight for fp32, the next tile's in flight during reductions.
-_TILE_CONFIG = {2: (1024, 1), 4: (1024, 1)}
-# stage-1 programs aimed for per SM: 16 one-warp programs fit beside each other (registers allow ~24)
-_PROGRAMS_PER_SM = 16
-# At most this many splits, and splits * k <= _MAX_MERGE keys for stage 2's k rounds of max.
+_INT32_MIN = -(2**31)
+_WS_COLS = 64  # workspace columns per row: [0] arrival counter, [32:64] the row's slots (k > 1)
 _MAX_SPLITS = 128
-_MAX_MERGE = 512
+_MERGE_KEYS = 1024  # k > 1: the last program merges k * splits <= this many keys
+
+# 512 elements per tile (16 per lane, as 16-byte vectors; the next tile's loads issued before this
+# tile's math) for every dtype, and one-warp programs aimed for per SM by (element size, k == 1,
+# scaled): the tiling and grids the second GPU call measured fastest (notes/kernels.md, wave 2).
+# 1024-element tiles were within 5% for bf16 k = 1 unscaled and 7-27% slower for k > 1.
+_BLOCK = 512
+# The float32 k = 1 values (21, 16 scaled) are the grids call 2 ran once its occupancy cap had acted
+# (see notes); its one grid not reproduced here is float32 k = 4 scaled, run there at 21 per SM.
+_PROGRAMS_PER_SM = {
+    (2, True, False): 24, (2, True, True): 24, (2, False, False): 16, (2, False, True): 16,
+    (4, True, False): 21, (4, True, True): 16, (4, False, False): 16, (4, False, True): 16,
+}
+# Programmatic dependent launch: the kernel may start while the previous kernel in the stream drains
+# (it waits, griddepcontrol.wait, before touching memory), hiding the launch gap. Hopper and later
+# (sm_90+) only; elsewhere the kernel is compiled and launched without it.
+_PDL = True
+# k > 1: how a round merges 32 candidates into the top list: "sort" (a 64-wide bitonic sort) or
+# "rank" (32 x 32 comparisons; what Triton's interpreter always runs)
+_MERGE = "sort"
 
 
 @triton.jit
@@ -79,118 +124,411 @@ def _exp2(x, FAST: tl.constexpr):
 
 
 @triton.jit
-def _reduce_tile(
-    x, first, offs, end, row_max, row_sum, top, top_min, bound, bound_ptr, K: tl.constexpr, FAST_EXP: tl.constexpr
+def _max3(x):
+    return tl.max(tl.max(tl.max(x, 2), 1), 0)
+
+
+@triton.jit
+def _min3(x):
+    return tl.min(tl.min(tl.min(x, 2), 1), 0)
+
+
+@triton.jit
+def _lane_max(x):
+    """[32, J, V] -> [32]: each lane's own elements, no shuffles."""
+    return tl.max(tl.max(x, 2), 1)
+
+
+@triton.jit
+def _kth_largest(keys, K: tl.constexpr):
+    """The K-th largest of 32 int32 keys (duplicates count): the least of those with fewer than K
+    keys above them."""
+    above = tl.sum((keys[None, :] > keys[:, None]).to(tl.int32), 1)
+    return tl.min(tl.where(above < K, keys, _NAN_KEY), 0)
+
+
+@triton.jit
+def _merge_top(top, new, K: tl.constexpr, SORT: tl.constexpr):
+    """The K largest of top (sorted, K keys then _EMPTY) and new (32 distinct keys or _EMPTY), sorted.
+    SORT: a 64-wide bitonic sort (tl.sort), ~300 instructions for int64 keys in one warp; otherwise
+    ranks from 32 x 32 comparisons, ~3x the instructions on a GPU but far fewer steps for Triton's
+    interpreter, which runs every step of tl.sort as a numpy call."""
+    lanes = tl.arange(0, 32)
+    if SORT:
+        both = tl.sort(tl.reshape(tl.join(new, top), [64]), descending=True)
+        best = tl.max(tl.reshape(both, [2, 32]), 0)  # both is sorted: each column's first row is its max
+    else:
+        in_top = lanes < K
+        valid = new != _EMPTY
+        # each key's rank in the union (the keys are distinct, but for top's _EMPTY slots)
+        rank_new = tl.sum(((top[None, :] > new[:, None]) & in_top[None, :]).to(tl.int32), 1)
+        rank_new += tl.sum(((new[None, :] > new[:, None]) & valid[None, :]).to(tl.int32), 1)
+        rank_top = lanes + tl.sum(((new[None, :] > top[:, None]) & valid[None, :]).to(tl.int32), 1)
+        at = lanes[:, None]
+        best = tl.max(tl.where((rank_new[None, :] == at) & valid[None, :], new[None, :], _EMPTY), 1)
+        best = tl.maximum(best, tl.max(tl.where((rank_top[None, :] == at) & in_top[None, :], top[None, :], _EMPTY), 1))
+    return tl.where(lanes < K, best, _EMPTY)
+
+
+@triton.jit
+def _insert(cand, top, kth, K: tl.constexpr, SORT: tl.constexpr):
+    """Merges the keys of cand ([32, J, V], _EMPTY where none) into top; kth is top's K-th key.
+    A round takes each lane's best remaining key; rounds run while some lane's beats kth."""
+    lane_best = _lane_max(cand)
+    while tl.max(lane_best, 0) > kth:
+        top = _merge_top(top, tl.where(lane_best > kth, lane_best, _EMPTY), K, SORT)
+        kth = tl.max(tl.where(tl.arange(0, 32) == K - 1, top, _EMPTY), 0)
+        taken = cand == lane_best[:, None, None]
+        cand = tl.where(taken | (cand <= kth), _EMPTY, cand)
+        lane_best = _lane_max(cand)
+    return top, kth
+
+
+@triton.jit
+def _tile_argmax(x, y, offs, valid, tile_max, s_sign, best_u, best_i, best_y,
+                 MASKED: tl.constexpr, HAS_SCALE: tl.constexpr):
+    """k = 1: folds a tile into the best (u, index) so far: the first NaN, else the first max."""
+    if HAS_SCALE:
+        u = x * s_sign
+        if MASKED:
+            u = tl.where(valid, u, float("-inf"))
+        u_max = _max3(u)
+    else:
+        u = y
+        u_max = tile_max
+    nan_i = _min3(tl.where(u != u, offs, _BIG_INDEX))
+    max_i = _min3(tl.where(u == u_max, offs, _BIG_INDEX))
+    take_nan = (nan_i < _BIG_INDEX) & (best_u == best_u)  # a NaN beats all but an earlier NaN
+    take_max = (nan_i == _BIG_INDEX) & (u_max > best_u)  # later index: must be strictly larger
+    best_u = tl.where(take_nan, float("nan"), tl.where(take_max, u_max, best_u))
+    best_i = tl.where(take_nan, nan_i, tl.where(take_max, max_i, best_i))
+    # the trigger for later tiles: y of the best (NaN once a NaN is best: only NaN tiles trigger)
+    best_y = tl.where(take_nan, float("nan"), tl.where(take_max, tile_max, best_y))
+    return best_u, best_i, best_y
+
+
+@triton.jit
+def _stream_tile(
+    x, offs, valid, t, s, s_sign, row_max, row_sum, best_u, best_i, best_y, tile_keys, own, slots_ptr, publish,
+    K: tl.constexpr, MASKED: tl.constexpr, HAS_SCALE: tl.constexpr, GPU: tl.constexpr,
 ):
-    tile_max = tl.max(x, 0)
+    if HAS_SCALE:
+        y = x * s
+    else:
+        y = x
+    if MASKED:
+        y = tl.where(valid, y, float("-inf"))
+    lane_max = _lane_max(y)
+    tile_max = tl.max(lane_max, 0)
     new_max = tl.where(tile_max > row_max, tile_max, row_max)  # never NaN: NaN compares false
     # while every element seen is -inf, shift by 0 so -inf contributes exp(-inf) = 0, not NaN
     shift = tl.where(new_max == float("-inf"), 0.0, new_max)
-    tile_sum = tl.sum(_exp2((x - shift) * _LOG2E, FAST_EXP), 0)
-    row_sum = row_sum * tl.exp(row_max - shift) + tile_sum
-    # Search the tile only if its best possible key (its max at its first index) beats what a key
-    # must beat to matter: this program's k-th key, or the k-th key of any program of the row (the
-    # row's top k all beat both). A NaN shows in tile_sum even where tl.max skips NaN (on the GPU).
-    floor = tl.maximum(top_min, bound)
-    if (tile_sum != tile_sum) | (_pack(_order_key(tile_max), first) > floor):
-        cand = tl.where(offs < end, _pack(_order_key(x), offs), _EMPTY)
-        if K == 1:
-            top = tl.maximum(top, tl.max(cand, 0))
-            top_min = tl.min(top, 0)
-        else:
-            best = tl.max(cand, 0)
-            while best > floor:  # replace the smallest kept key; keys are distinct
-                top = tl.where(top == top_min, best, top)
-                top_min = tl.min(top, 0)
-                floor = tl.maximum(top_min, bound)
-                cand = tl.where(cand == best, _EMPTY, cand)
-                best = tl.max(cand, 0)
-            # Publish this program's k-th key, the row's k-th key is at least that, and take back
-            # the largest any program of the row has published. Any value seen is a valid bound,
-            # stale or not, so no ordering is needed. (k = 1 shares nothing: its own key suffices.)
-            bound = tl.maximum(tl.atomic_max(bound_ptr, top_min, sem="relaxed"), top_min)
-    return new_max, row_sum, top, top_min, bound
+    tile_sum = tl.sum(tl.sum(tl.sum(_exp2((y - shift) * _LOG2E, GPU), 2), 1), 0)
+    row_sum = row_sum * tl.exp2((row_max - shift) * _LOG2E) + tile_sum
+    # NaN in the tile (or +inf - +inf): it shows in the sum even where tl.max skips NaN (on the GPU)
+    special = tile_sum != tile_sum
+    if K == 1:
+        trigger = special | (tile_max > best_y)
+        if HAS_SCALE:  # y can tie where u doesn't (float32 logits, overflow, s = 0)
+            trigger = trigger | (tile_max == best_y)
+        if trigger:
+            best_u, best_i, best_y = _tile_argmax(
+                x, y, offs, valid, tile_max, s_sign, best_u, best_i, best_y, MASKED, HAS_SCALE
+            )
+    else:
+        tile_keys = tl.where(tl.arange(0, _MAX_TILES) == t, tl.where(special, _NAN_KEY, _order_key(tile_max)), tile_keys)
+        lane_key = _order_key(lane_max)
+        grew = lane_key > own
+        if publish:
+            tl.atomic_max(slots_ptr + tl.arange(0, 32), lane_key, mask=grew, sem="relaxed")
+        own = tl.where(grew, lane_key, own)
+    return new_max, row_sum, best_u, best_i, best_y, tile_keys, own
 
 
-@triton.jit
-def _partials_kernel(
-    logits_ptr, row_stride, vocab, chunk,
-    part_max_ptr, part_sum_ptr, part_key_ptr, bound_ptr,
-    K: tl.constexpr, K_POW2: tl.constexpr, BLOCK: tl.constexpr, FAST_EXP: tl.constexpr,
+# Not specialised (one compiled kernel for all their values): ints that only bound loops or masks.
+@triton.jit(do_not_specialize=["vocab", "splits", "scale_stride", "log"])
+def _selection_kernel(
+    logits_ptr, row_stride, vocab, chunk, splits, scale_ptr, scale_stride,
+    part_ptr, key_ptr, ws_ptr, prob_ptr, index_ptr, log,
+    K: tl.constexpr, BLOCK: tl.constexpr, V: tl.constexpr, MERGE_KEYS: tl.constexpr,
+    HAS_SCALE: tl.constexpr, GPU: tl.constexpr, PDL: tl.constexpr, SORT: tl.constexpr,
 ):
+    # GPU: compiled for a GPU (PTX exp), not run by Triton's interpreter; SORT: merge top lists by
+    # tl.sort rather than by ranks (see _merge_top)
+    if PDL:
+        # nothing above this line may touch memory: the previous kernel may still be running
+        tl.extra.cuda.gdc_wait()
+        tl.extra.cuda.gdc_launch_dependents()
     row = tl.program_id(0)
     split = tl.program_id(1)
-    out = row * tl.num_programs(1) + split
     start = split * chunk
     end = tl.minimum(start + chunk, vocab)
     row_ptr = logits_ptr + row.to(tl.int64) * row_stride
-    slots = tl.arange(0, K_POW2)
-    # distinct placeholders below every real key, so "replace the smallest" replaces exactly one slot
-    top = tl.where(slots < K, _EMPTY + slots.to(tl.int64), _NEVER_EVICTED)
-    top_min = tl.min(top, 0)
-    bound_ptr += row
-    # The shared bound arrives with the first searched tile (the first tile always is), through the
-    # atomic, whose result Triton broadcasts to all warps. A plain load here would not do: warps
-    # reading at different moments could disagree, then branch apart around block reductions.
-    bound = tl.full([], _EMPTY, tl.int64)
+    ws_row = ws_ptr + row.to(tl.int64) * 64
+    slots_ptr = ws_row + 32
+    lanes = tl.arange(0, 32)
+    J: tl.constexpr = BLOCK // (32 * V)
+    # Tile element (lane, j, v) is at j * 32 V + lane * V + v: 16-byte loads, each covering 512
+    # contiguous bytes across the warp. The lane axis comes first: Triton orders the two strided axes
+    # by index after the contiguous one and gives its 32 threads to the first, so each thread holds
+    # one lane's J * V elements and reductions over a lane need no shuffles (with the lane axis
+    # second, Triton 3.6 split the threads 4 x 8 over (j, lane): every lane reduction shuffled and
+    # the merges' sorts ran on replicated data, ~1570 SASS instructions a round instead of ~770).
+    lane_offs = (
+        tl.arange(0, 32)[:, None, None] * V + tl.arange(0, J)[None, :, None] * (32 * V) + tl.arange(0, V)[None, None, :]
+    )
+    if HAS_SCALE:
+        s = tl.load(scale_ptr + row.to(tl.int64) * scale_stride).to(tl.float32)
+        # u = x * sign(s): the order of x * s without its rounding (0 for s = 0, NaN for a NaN s)
+        s_sign = tl.where(s > 0, 1.0, tl.where(s < 0, -1.0, s * 0.0))
+    else:
+        s = 1.0
+        s_sign = 1.0
+    publish = splits > 1
     row_max = tl.full([], float("-inf"), tl.float32)
     row_sum = tl.full([], 0.0, tl.float32)
-    # Whole tiles, each tile's load issued one tile ahead so that its DRAM latency overlaps the
-    # reductions of the one before (masks past the whole tiles switch the last prefetch off).
-    lanes = tl.arange(0, BLOCK)
+    best_u = tl.full([], float("-inf"), tl.float32)
+    best_i = start
+    best_y = tl.full([], float("-inf"), tl.float32)
+    tile_keys = tl.full([_MAX_TILES], _NO_KEY, tl.int32)
+    own = tl.full([32], _NO_KEY, tl.int32)
+
+    # Pass 1: whole tiles, each tile's load issued one tile ahead so that its DRAM latency overlaps
+    # the math of the one before (masks past the whole tiles switch the last prefetch off).
     full_end = start + (end - start) // BLOCK * BLOCK
-    next_x = tl.load(row_ptr + start + lanes, mask=start + lanes < full_end, other=0.0)
+    next_x = tl.load(row_ptr + start + lane_offs, mask=start + lane_offs < full_end, other=0.0)
     for tile in range(start, full_end, BLOCK):
-        offs = tile + lanes
+        offs = tile + lane_offs
         x = next_x.to(tl.float32)
         next_x = tl.load(row_ptr + offs + BLOCK, mask=offs + BLOCK < full_end, other=0.0)
-        row_max, row_sum, top, top_min, bound = _reduce_tile(
-            x, tile, offs, end, row_max, row_sum, top, top_min, bound, bound_ptr, K, FAST_EXP
+        row_max, row_sum, best_u, best_i, best_y, tile_keys, own = _stream_tile(
+            x, offs, offs < end, (tile - start) // BLOCK, s, s_sign, row_max, row_sum, best_u, best_i, best_y,
+            tile_keys, own, slots_ptr, publish, K, False, HAS_SCALE, GPU,
         )
     if full_end < end:  # the ragged tail
-        offs = full_end + lanes
-        x = tl.load(row_ptr + offs, mask=offs < end, other=float("-inf")).to(tl.float32)
-        row_max, row_sum, top, top_min, bound = _reduce_tile(
-            x, full_end, offs, end, row_max, row_sum, top, top_min, bound, bound_ptr, K, FAST_EXP
+        offs = full_end + lane_offs
+        valid = offs < end
+        x = tl.load(row_ptr + offs, mask=valid, other=0.0).to(tl.float32)
+        row_max, row_sum, best_u, best_i, best_y, tile_keys, own = _stream_tile(
+            x, offs, valid, (full_end - start) // BLOCK, s, s_sign, row_max, row_sum, best_u, best_i, best_y,
+            tile_keys, own, slots_ptr, publish, K, True, HAS_SCALE, GPU,
         )
-    tl.store(part_max_ptr + out, row_max)
-    tl.store(part_sum_ptr + out, row_sum)
-    tl.store(part_key_ptr + out * K + slots, top, mask=slots < K)
+
+    if K == 1:
+        tl.store(key_ptr + row.to(tl.int64) * splits + split, _pack(_order_key(best_u), best_i))
+    else:
+        # Pass 2: the floor from the slots (an atomic read: the other programs' latest), then only
+        # the tiles whose max reaches it.
+        if publish:
+            slot_keys = tl.atomic_max(slots_ptr + lanes, _NO_KEY, sem="relaxed")
+        else:
+            slot_keys = own
+        floor = _kth_largest(slot_keys, K)
+        top = tl.full([32], _EMPTY, tl.int64)
+        kth = tl.full([], _EMPTY, tl.int64)
+        tiles = tl.arange(0, _MAX_TILES)
+        pending = tile_keys >= floor  # tiles past the chunk hold _NO_KEY: below any floor but _NO_KEY's
+        pending = pending & (tiles * BLOCK < end - start)
+        while tl.max(pending.to(tl.int32), 0) > 0:
+            t = tl.min(tl.where(pending, tiles, _MAX_TILES), 0)
+            pending = pending & (tiles != t)
+            offs = start + t * BLOCK + lane_offs
+            valid = offs < end
+            x = tl.load(row_ptr + offs, mask=valid, other=0.0).to(tl.float32)
+            if HAS_SCALE:
+                y_key = _order_key(x * s)
+                u = x * s_sign
+            else:
+                y_key = _order_key(x)
+                u = x
+            cand = tl.where(valid & (y_key >= floor), _pack(_order_key(u), offs), _EMPTY)
+            top, kth = _insert(cand, top, kth, K, SORT)
+        key_row = key_ptr + row.to(tl.int64) * K * splits
+        tl.store(key_row + lanes * splits + split, top, mask=lanes < K)  # slot-major: [K, splits]
+
+    part_row = part_ptr + row.to(tl.int64) * 2 * splits
+    tl.store(part_row + split, row_max)
+    tl.store(part_row + splits + split, row_sum)
+    last = splits == 1
+    if splits > 1:
+        # every lane's writes above, then one release: the row's last program sees all of them
+        tl.debug_barrier()
+        arrived = tl.atomic_add(ws_row, 1, sem="acq_rel")
+        last = arrived == _NO_KEY + splits - 1
+        if last:
+            tl.store(ws_row, _NO_KEY)  # leave the counter as found, for the next launch
+    if last:
+        _merge_row(
+            row, splits, s, s_sign, part_row, key_ptr, slots_ptr, own, prob_ptr, index_ptr, log,
+            K, MERGE_KEYS, HAS_SCALE, SORT,
+        )
 
 
 @triton.jit
-def _combine_kernel(
-    part_max_ptr, part_sum_ptr, part_key_ptr, prob_ptr, index_ptr, splits,
-    K: tl.constexpr, SPLITS_POW2: tl.constexpr, KEYS_POW2: tl.constexpr, LOG: tl.constexpr,
+def _y_of(u, s, s_sign, HAS_SCALE: tl.constexpr):
+    """y = x * s of the element whose order value is u = x * sign(s)."""
+    if HAS_SCALE:
+        y = (u * s_sign) * s
+    else:
+        y = u
+    return y
+
+
+@triton.jit
+def _merge_row(
+    row, splits, s, s_sign, part_row, key_ptr, slots_ptr, own, prob_ptr, index_ptr, log,
+    K: tl.constexpr, MERGE_KEYS: tl.constexpr, HAS_SCALE: tl.constexpr, SORT: tl.constexpr,
 ):
-    row = tl.program_id(0)
-    i = tl.arange(0, SPLITS_POW2)
-    part_max = tl.load(part_max_ptr + row * splits + i, mask=i < splits, other=float("-inf"))
-    part_sum = tl.load(part_sum_ptr + row * splits + i, mask=i < splits, other=0.0)
+    i = tl.arange(0, _MERGE_SPLITS)
+    # .cg: straight from L2, where the other programs' writes are
+    part_max = tl.load(part_row + i, mask=i < splits, other=float("-inf"), cache_modifier=".cg")
+    part_sum = tl.load(part_row + splits + i, mask=i < splits, other=0.0, cache_modifier=".cg")
     row_max = tl.max(part_max, 0)
     shift = tl.where(row_max == float("-inf"), 0.0, row_max)
-    row_sum = tl.sum(part_sum * tl.exp(part_max - shift), 0)
+    row_sum = tl.sum(part_sum * tl.exp2((part_max - shift) * _LOG2E), 0)
     log_sum = tl.log(row_sum)
     # the float32 softmax of a row whose max is NaN, +inf or -inf is NaN everywhere
     finite = (row_max > float("-inf")) & (row_max < float("inf"))
-    c = tl.arange(0, KEYS_POW2)
-    cand = tl.load(part_key_ptr + row * splits * K + c, mask=c < splits * K, other=_EMPTY)
-    for j in tl.static_range(K):
-        best = tl.max(cand, 0)
-        cand = tl.where(cand == best, _EMPTY, cand)
-        value, index = _unpack(best)
-        if LOG:
-            prob = value - row_max - log_sum
+    row64 = row.to(tl.int64)
+    if K == 1:
+        keys = tl.load(key_ptr + row64 * splits + i, mask=i < splits, other=_EMPTY, cache_modifier=".cg")
+        u, index = _unpack(tl.max(keys, 0))
+        y = _y_of(u, s, s_sign, HAS_SCALE)
+        prob = tl.where(log != 0, y - row_max - log_sum, tl.exp(y - row_max) / row_sum)
+        tl.store(prob_ptr + row64, tl.where(finite, prob, float("nan")))
+        tl.store(index_ptr + row64, index.to(tl.int64))
+    else:
+        lanes = tl.arange(0, 32)
+        if splits > 1:  # the final slots (every program has published); reset them for the next launch
+            slot_keys = tl.atomic_xchg(slots_ptr + lanes, _NO_KEY, sem="relaxed")
         else:
-            prob = tl.exp(value - row_max) / row_sum
-        tl.store(prob_ptr + row * K + j, tl.where(finite, prob, float("nan")))
-        tl.store(index_ptr + row * K + j, index.to(tl.int64))
+            slot_keys = own
+        floor = _kth_largest(slot_keys, K)
+        # the programs' keys, [K, splits] slot-major, so each program's best keys spread over lanes
+        R: tl.constexpr = MERGE_KEYS // 64
+        flat = lanes[:, None, None] * 2 + tl.arange(0, R)[None, :, None] * 64 + tl.arange(0, 2)[None, None, :]
+        keys = tl.load(key_ptr + row64 * K * splits + flat, mask=flat < K * splits, other=_EMPTY, cache_modifier=".cg")
+        u, _ = _unpack(keys)
+        cand = tl.where(_order_key(_y_of(u, s, s_sign, HAS_SCALE)) >= floor, keys, _EMPTY)
+        top, kth = _insert(cand, tl.full([32], _EMPTY, tl.int64), tl.full([], _EMPTY, tl.int64), K, SORT)
+        u, index = _unpack(top)
+        y = _y_of(u, s, s_sign, HAS_SCALE)
+        prob = tl.where(log != 0, y - row_max - log_sum, tl.exp(y - row_max) / row_sum)
+        tl.store(prob_ptr + row64 * K + lanes, tl.where(finite, prob, float("nan")), mask=lanes < K)
+        tl.store(index_ptr + row64 * K + lanes, index.to(tl.int64), mask=lanes < K)
 
 
+# ---------------------------------------------------------------------------------------------------
+# host side
+
+# (device type, index, stream) -> int32 [capacity rows, _WS_COLS], all INT32_MIN between launches. One per
+# stream: launches queued on one stream never overlap, while two streams' launches could share rows. (A
+# CUDA graph keeps the workspace of the stream it was captured on: draft_loop captures each draft on a
+# stream of its own; two graphs captured on one stream must not be replayed at the same time.)
+_workspaces: dict = {}
+_retired: list = []  # workspaces outgrown: kept alive, as a launch still in flight may use one
+_side_streams: dict = {}
+
+
+def _fresh_workspace(rows: int, device: torch.device) -> torch.Tensor:
+    return torch.full((rows, _WS_COLS), _INT32_MIN, dtype=torch.int32, device=device)
+
+
+def _workspace(device: torch.device, rows: int) -> torch.Tensor:
+    """The device's persistent workspace with room for `rows`, or a per-call one (filled by a kernel of
+    its own) during a CUDA-graph capture that finds none large enough."""
+    stream = torch.cuda.current_stream(device).cuda_stream if device.type == "cuda" else 0
+    key = (device.type, device.index, stream)
+    ws = _workspaces.get(key)
+    if ws is not None and ws.shape[0] >= rows:
+        return ws
+    if device.type == "cuda" and torch.cuda.is_current_stream_capturing():
+        return _fresh_workspace(rows, device)
+    capacity = max(rows, 256, 2 * ws.shape[0] if ws is not None else 0)
+    new = _allocate_outside_pools(capacity, device) if device.type == "cuda" else _fresh_workspace(capacity, device)
+    if ws is not None:
+        _retired.append(ws)
+    _workspaces[key] = new
+    return new
+
+
+def _allocate_outside_pools(capacity: int, device: torch.device) -> torch.Tensor:
+    """A fresh workspace from the caching allocator's ordinary pool, made by a helper thread: CUDA-graph
+    trees route every allocation of the warming-up thread (any stream) into their pool and fail the
+    recording on tensors left alive there. The current stream waits for the fill; no host sync."""
+    made: dict = {}
+
+    def make():
+        try:
+            with torch.cuda.device(device):
+                stream = _side_streams.get(device.index)
+                if stream is None:
+                    stream = _side_streams[device.index] = torch.cuda.Stream(device)
+                with torch.cuda.stream(stream):
+                    made["ws"] = _fresh_workspace(capacity, device)
+                    made["done"] = torch.cuda.Event()
+                    made["done"].record(stream)
+        except BaseException as exc:  # noqa: BLE001  (re-raised in the caller's thread)
+            made["error"] = exc
+
+    helper = threading.Thread(target=make, name="draftfuse-workspace")
+    helper.start()
+    helper.join()
+    if "error" in made:
+        raise made["error"]
+    torch.cuda.current_stream(device).wait_event(made["done"])
+    return made["ws"]
+
+
+@functools.cache
+def _capability(device: torch.device) -> int:
+    return torch.cuda.get_device_capability(device)[0]
+
+
+@functools.cache
 def _sm_count(device: torch.device) -> int:
     if device.type == "cuda":
         return torch.cuda.get_device_properties(device).multi_processor_count
     return 4  # Triton's interpreter (CPU tensors): the split count only shapes the grid
+
+
+def max_vocab(k: int) -> int:
+    """The largest vocabulary the kernel takes for this k (chunks of at most _MAX_TILES tiles of up
+    to 4096 elements)."""
+    splits = _MAX_SPLITS if k == 1 else min(_MAX_SPLITS, _MERGE_KEYS // k)
+    return min(2**31 - 1, splits * _MAX_TILES.value * 4096)
+
+
+_fits: dict = {}  # compiled kernel (specialisation) -> one-warp programs that fit per SM, by registers
+
+
+def _programs_that_fit(n_regs: int) -> int:
+    """One-warp programs per SM that the register file holds (65536 registers, allocated per warp in
+    units of 256; at most 32 blocks per SM)."""
+    per_warp = -(-max(n_regs, 1) * 32 // 256) * 256
+    return max(1, min(32, 65536 // per_warp))
+
+
+def default_programs_per_sm(element_size: int, k: int, scaled: bool) -> int:
+    return _PROGRAMS_PER_SM.get((min(element_size, 4), k == 1, scaled), 16)
+
+
+def plan(rows: int, vocab: int, k: int, device: torch.device, *, splits=None, block=None, programs_per_sm=16):
+    """(splits, chunk, block) for a launch: splits * chunk >= vocab, chunk a multiple of block. The
+    grid aims at programs_per_sm programs per SM, rounded down so that it stays within one wave."""
+    block = block or _BLOCK
+    most = _MAX_SPLITS if k == 1 else min(_MAX_SPLITS, _MERGE_KEYS // k)
+    while triton.cdiv(triton.cdiv(vocab, block), _MAX_TILES.value) > most:  # chunks of at most _MAX_TILES
+        if block >= 4096:
+            raise ValueError(f"vocab {vocab} is too large for the selection kernel with k={k} (max {max_vocab(k)})")
+        block *= 2
+    tiles = triton.cdiv(vocab, block)
+    least = triton.cdiv(tiles, _MAX_TILES.value)
+    if splits is None:
+        splits = programs_per_sm * _sm_count(device) // rows
+    splits = max(least, min(splits, tiles, most), 1)
+    chunk = triton.cdiv(tiles, splits) * block
+    return triton.cdiv(vocab, chunk), chunk, block
 
 
 def launch_selection(
@@ -199,41 +537,60 @@ def launch_selection(
     log: bool,
     prob: torch.Tensor,
     index: torch.Tensor,
+    scale: torch.Tensor | None = None,
     *,
     splits: int | None = None,
     block: int | None = None,
-    num_warps: int | None = None,
     programs_per_sm: int | None = None,
-) -> None:
+    pdl: bool | None = None,
+    maxnreg: int | None = None,
+    merge: str | None = None,
+    workspace: torch.Tensor | None = None,
+):
     """Top-k of each row of `logits` ([rows, vocab], last dim contiguous) into `prob` (float32) and
-    `index` (int64), each holding rows * k contiguous elements, row-major. Launches two kernels and
-    allocates scratch whose size depends on shapes only, so it can be captured in a CUDA graph.
-    The keywords override the tiling heuristics (tests and the benchmark's tuning use them)."""
+    `index` (int64), each holding rows * k contiguous elements, row-major. `scale`: None, or float32
+    with one element per row (rows elements) or one for all (1 element): y = logits * scale.
+    One kernel launch; scratch sized by shapes only, so it can be captured in a CUDA graph. The
+    keywords override the tiling heuristics (tests and the benchmark's tuning use them). Returns
+    Triton's compiled kernel (its n_regs, n_spills), None for no rows."""
     rows, vocab = logits.shape
     if rows == 0:
-        return
-    default_block, default_warps = _TILE_CONFIG[logits.element_size()]
-    block = block or default_block
-    tiles = triton.cdiv(vocab, block)
-    if splits is None:
-        target = (programs_per_sm or _PROGRAMS_PER_SM) * _sm_count(logits.device)
-        splits = triton.cdiv(target, rows)
-    splits = max(1, min(splits, tiles, _MAX_SPLITS, _MAX_MERGE // k))
-    chunk = triton.cdiv(tiles, splits) * block
-    splits = triton.cdiv(vocab, chunk)
-    splits_pow2 = triton.next_power_of_2(max(splits, 16))  # few sizes, few compiled variants
-    part_max = torch.empty((rows, splits), dtype=torch.float32, device=logits.device)
-    part_sum = torch.empty_like(part_max)
-    part_key = torch.empty((rows, splits, k), dtype=torch.int64, device=logits.device)
-    # each row's shared bound on its k-th key starts below every key; k = 1 shares none
-    bound = torch.full((rows,), -(2**63), dtype=torch.int64, device=logits.device) if k > 1 else part_key
-    _partials_kernel[(rows, splits)](
-        logits, logits.stride(0), vocab, chunk, part_max, part_sum, part_key, bound,
-        K=k, K_POW2=triton.next_power_of_2(k), BLOCK=block, FAST_EXP=logits.device.type == "cuda",
-        num_warps=num_warps or default_warps,
+        return None
+    device = logits.device
+    cuda = device.type == "cuda"
+    pdl = (_PDL and cuda and _capability(device) >= 9) if pdl is None else pdl
+    sort = cuda and (merge or _MERGE) == "sort"
+    programs_per_sm = programs_per_sm or default_programs_per_sm(logits.element_size(), k, scale is not None)
+    explicit = splits is not None
+    splits, chunk, block = plan(rows, vocab, k, device, splits=splits, block=block, programs_per_sm=programs_per_sm)
+    # Never aim past what fits in one wave: Triton compiles a kernel per specialisation (here: dtype,
+    # k, scale or not, block, the options, 16-byte alignment of the pointers and of the row stride),
+    # and the first launch of each tells how many of its programs fit per SM.
+    aligned = tuple(t is None or t.data_ptr() % 16 == 0 for t in (logits, scale, prob, index))
+    key = (device.index, logits.dtype, k, scale is not None, block, pdl, maxnreg, sort, aligned, logits.stride(0) % 16 == 0)
+    fit = _fits.get(key)
+    if fit is not None and fit < programs_per_sm and not explicit:
+        splits, chunk, block = plan(rows, vocab, k, device, block=block, programs_per_sm=fit)
+    part = torch.empty((rows, 2, splits), dtype=torch.float32, device=device)
+    keys = torch.empty((rows, k, splits), dtype=torch.int64, device=device)
+    ws = workspace if workspace is not None else _workspace(device, rows)
+    if scale is None:
+        scale_arg, scale_stride = part, 0  # never read
+    else:
+        scale_arg = scale.reshape(-1)
+        scale_stride = 0 if scale_arg.numel() == 1 else 1
+    # On the GPU: no contraction of x * s - max into one fma, whose single rounding would move
+    # exp(y - max) away from the float32 softmax of y = fl(x * s) by up to an ulp of y.
+    options = {"enable_fp_fusion": False, **({"launch_pdl": True} if pdl else {})} if cuda else {}
+    if maxnreg:
+        options["maxnreg"] = maxnreg
+    most = _MAX_SPLITS if k == 1 else min(_MAX_SPLITS, _MERGE_KEYS // k)
+    kernel = _selection_kernel[(rows, splits)](
+        logits, logits.stride(0), vocab, chunk, splits, scale_arg, scale_stride,
+        part, keys, ws, prob, index, int(log),
+        K=k, BLOCK=block, V=16 // logits.element_size(), MERGE_KEYS=max(64, triton.next_power_of_2(k * most)),
+        HAS_SCALE=scale is not None, GPU=cuda, PDL=pdl, SORT=sort, num_warps=1, **options,
     )
-    _combine_kernel[(rows,)](
-        part_max, part_sum, part_key, prob, index, splits,
-        K=k, SPLITS_POW2=splits_pow2, KEYS_POW2=triton.next_power_of_2(splits_pow2 * k),
-        LOG=log, num_warps=1,
-    )
+    if fit is None and getattr(kernel, "n_regs", 0):  # the first launch of this kernel: note its occupancy
+        _fits[key] = _programs_that_fit(kernel.n_regs)
+    return kernel

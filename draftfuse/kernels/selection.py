@@ -1,22 +1,35 @@
 """Selection ops for draft loops: the top-k tokens of logits with their softmax probabilities, without
 materialising the softmax or sorting the vocabulary.
 
-  torch.ops.draftfuse.argmax_prob(logits, log=False) -> (index, prob)
+  torch.ops.draftfuse.argmax_prob(logits, log=False, scale=None) -> (index, prob)
       index: torch.argmax(logits, -1); prob: the softmax max-probability 1 / sum(exp(x - max))
       (log=True: the log-probability -log(sum(exp(x - max)))), float32.
-  torch.ops.draftfuse.topk_prob(logits, k, log=False) -> (prob, index)
+  torch.ops.draftfuse.topk_prob(logits, k, log=False, scale=None) -> (prob, index)
       the k largest logits of the last dim in descending order, ties to the lower index (a stable
       descending sort, NaN first as torch sorts it), with prob = exp(v - max) / sum(exp(x - max))
       (log=True: v - max - log(sum)), float32, shape (..., k).
 
+scale: None, or a tensor holding s = 1 / temperature for each row, of shape logits.shape[:-1], or a
+0-d tensor for every row; floating point, used in float32, on the logits' device; any sign, also 0.
+With it both ops select and weigh y = x * s: the order is the exact order of the real products x * s
+(that of x for s > 0, of -x for s < 0; for s = 0 every element ties, so the lowest indices win),
+which float32 rounding of the products could tie for float32 logits; the probabilities are the
+float32 softmax of y = fl32(x * s): exp(y_v - max y) / sum(exp(y - max y)). NaN rules stay those of x
+(a NaN element is above every other), and an element whose product is NaN (inf * 0) counts as NaN;
+a NaN scale makes every element NaN (indices 0..k-1, NaN probabilities). Without it (None) both ops
+are exactly the unscaled ones.
+
 Both reduce over the last dim and compute probabilities in float32 from the logits (the caller
-casts). A row whose max is NaN or +-inf gets NaN probabilities, as softmax in float32 does; its index
-is torch's (the first NaN, else the first +inf; 0 for a row of -inf). k must be in 1..vocab
-(ValueError otherwise, where torch.topk raises a RuntimeError). On CUDA with Triton
-installed, fp32/fp16/bf16 logits and k <= 16 run Triton kernels that read the logits once
+casts). A row whose max (of y) is NaN or +-inf gets NaN probabilities, as softmax in float32 does;
+its index is torch's (the first NaN, else the first +inf; 0 for a row of -inf). k must be in
+1..vocab (ValueError otherwise, where torch.topk raises a RuntimeError). On CUDA with Triton
+installed, fp32/fp16/bf16 logits and k <= 16 run one Triton kernel that reads the logits once
 (draftfuse/kernels/_triton_selection.py); everything else runs the torch reference below. The ops
 are torch.library custom ops with fake implementations, so Dynamo, Inductor and CUDA graphs treat
-them as ordinary ops; the CUDA path makes no host sync and allocates by shape only.
+them as ordinary ops; the CUDA path makes no host sync and allocates by shape only, besides a
+per-stream workspace of counters that each launch leaves as it found it (created on the first call,
+outside CUDA-graph capture; see _triton_selection.py): calls on different streams use different
+workspaces, and two CUDA graphs captured on one stream must not be replayed at the same time.
 """
 
 import functools
@@ -56,26 +69,60 @@ def _check_k(logits: torch.Tensor, k: int) -> None:
         raise ValueError(f"topk_prob: k={k} out of range for logits of shape {tuple(logits.shape)}")
 
 
-def _row_max_and_sum(logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    x = logits.float()
-    row_max = x.amax(-1, keepdim=True)
-    return row_max, torch.exp(x - row_max).sum(-1, keepdim=True)
+def check_scale(logits: torch.Tensor, scale: torch.Tensor | None) -> torch.Tensor | None:
+    """scale as float32, shaped to broadcast against logits (..., 1); ValueError unless it is 0-d or
+    of shape logits.shape[:-1], floating point, on the logits' device."""
+    if scale is None:
+        return None
+    if not isinstance(scale, torch.Tensor) or not scale.is_floating_point():
+        raise ValueError(f"scale must be a floating-point tensor, got {scale!r:.80}")
+    if scale.dim() != 0 and tuple(scale.shape) != tuple(logits.shape[:-1]):
+        raise ValueError(
+            f"scale must be 0-d or of shape {tuple(logits.shape[:-1])} (one per row), got {tuple(scale.shape)}"
+        )
+    if scale.device != logits.device:
+        raise ValueError(f"scale is on {scale.device}, logits on {logits.device}")
+    return scale.float().unsqueeze(-1) if scale.dim() else scale.float()
 
 
-def argmax_prob_reference(logits: torch.Tensor, log: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
-    """The definition of argmax_prob in torch (its CPU implementation and the kernels' test oracle)."""
-    _, row_sum = _row_max_and_sum(logits)
+def _scaled(logits: torch.Tensor, scale: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
+    """(y, order): y = fl32(x * s), the values whose softmax is taken, and a tensor whose order is
+    the exact order of x * s: x * sign(s) (sign(0) = 0: all tie; NaN where x * s is, and everywhere
+    for a NaN scale)."""
+    x = logits.float()  # also the order: exact, and torch's CUDA sort misplaces NaN in bfloat16
+    if scale is None:
+        return x, x
+    s = check_scale(logits, scale)
+    sign = torch.where(s.isnan(), s, torch.sign(s))  # torch.sign(nan) is 0; here a NaN scale makes all NaN
+    return x * s, x * sign
+
+
+def _row_max_and_sum(y: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    row_max = y.amax(-1, keepdim=True)
+    return row_max, torch.exp(y - row_max).sum(-1, keepdim=True)
+
+
+def argmax_prob_reference(
+    logits: torch.Tensor, log: bool = False, scale: torch.Tensor | None = None
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """The definition of argmax_prob in torch (its CPU implementation and the kernels' test oracle).
+    The selected element has the row's largest y, so its probability is 1 / sum(exp(y - max))."""
+    y, order = _scaled(logits, scale)
+    _, row_sum = _row_max_and_sum(y)
     row_sum = row_sum.squeeze(-1)
-    return torch.argmax(logits, dim=-1), (-torch.log(row_sum) if log else 1 / row_sum)
+    return torch.argmax(order, dim=-1), (-torch.log(row_sum) if log else 1 / row_sum)
 
 
-def topk_prob_reference(logits: torch.Tensor, k: int, log: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+def topk_prob_reference(
+    logits: torch.Tensor, k: int, log: bool = False, scale: torch.Tensor | None = None
+) -> tuple[torch.Tensor, torch.Tensor]:
     """The definition of topk_prob in torch. A stable sort, because torch.topk orders equal values
     arbitrarily (on CPU too) and the kernels promise the lower index first."""
     _check_k(logits, k)
-    values, index = torch.sort(logits, dim=-1, descending=True, stable=True)
-    values, index = values[..., :k].float(), index[..., :k].contiguous()
-    row_max, row_sum = _row_max_and_sum(logits)
+    y, order = _scaled(logits, scale)
+    index = torch.sort(order, dim=-1, descending=True, stable=True).indices[..., :k].contiguous()
+    values = y.gather(-1, index)
+    row_max, row_sum = _row_max_and_sum(y)
     prob = values - row_max - torch.log(row_sum) if log else torch.exp(values - row_max) / row_sum
     return prob, index
 
@@ -83,55 +130,77 @@ def topk_prob_reference(logits: torch.Tensor, k: int, log: bool = False) -> tupl
 def _use_kernels(logits: torch.Tensor, k: int) -> bool:
     if logits.dim() == 0 or logits.shape[-1] < k:
         return False  # the reference raises torch's error
-    return selection_kernels_available(logits.device, logits.dtype, k, logits.stride(-1) == 1)
+    return (
+        selection_kernels_available(logits.device, logits.dtype, k, logits.stride(-1) == 1)
+        and logits.shape[-1] <= _triton_selection().max_vocab(k)
+    )
 
 
-def _run_kernels(logits: torch.Tensor, k: int, log: bool, prob: torch.Tensor, index: torch.Tensor) -> None:
+def _run_kernels(
+    logits: torch.Tensor, k: int, log: bool, prob: torch.Tensor, index: torch.Tensor, scale: torch.Tensor | None = None
+) -> None:
     vocab = logits.shape[-1]
     rows = logits.reshape(-1, vocab)  # a copy only when the leading dims don't flatten to one stride
-    _triton_selection().launch_selection(rows, k, log, prob, index)
+    if scale is not None:
+        scale = scale.float()  # checked by the caller: 0-d or one per row
+        scale = scale.reshape(-1) if scale.dim() else scale.reshape(1)
+    _triton_selection().launch_selection(rows, k, log, prob, index, scale)
 
 
 @torch.library.custom_op("draftfuse::argmax_prob", mutates_args=())
-def argmax_prob(logits: torch.Tensor, log: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+def argmax_prob(
+    logits: torch.Tensor, log: bool = False, scale: torch.Tensor | None = None
+) -> tuple[torch.Tensor, torch.Tensor]:
     """(index, prob): see the module docstring."""
-    return argmax_prob_reference(logits, log)
+    return argmax_prob_reference(logits, log, scale)
 
 
 @argmax_prob.register_kernel("cuda")
-def _argmax_prob_cuda(logits: torch.Tensor, log: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+def _argmax_prob_cuda(
+    logits: torch.Tensor, log: bool = False, scale: torch.Tensor | None = None
+) -> tuple[torch.Tensor, torch.Tensor]:
+    check_scale(logits, scale)
     if not _use_kernels(logits, 1):
-        return argmax_prob_reference(logits, log)
+        return argmax_prob_reference(logits, log, scale)
     index = logits.new_empty(logits.shape[:-1], dtype=torch.int64)
     prob = logits.new_empty(logits.shape[:-1], dtype=torch.float32)
-    _run_kernels(logits, 1, log, prob, index)
+    _run_kernels(logits, 1, log, prob, index, scale)
     return index, prob
 
 
 @argmax_prob.register_fake
-def _argmax_prob_fake(logits: torch.Tensor, log: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+def _argmax_prob_fake(
+    logits: torch.Tensor, log: bool = False, scale: torch.Tensor | None = None
+) -> tuple[torch.Tensor, torch.Tensor]:
     shape = logits.shape[:-1]
     return logits.new_empty(shape, dtype=torch.int64), logits.new_empty(shape, dtype=torch.float32)
 
 
 @torch.library.custom_op("draftfuse::topk_prob", mutates_args=())
-def topk_prob(logits: torch.Tensor, k: int, log: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+def topk_prob(
+    logits: torch.Tensor, k: int, log: bool = False, scale: torch.Tensor | None = None
+) -> tuple[torch.Tensor, torch.Tensor]:
     """(prob, index): see the module docstring."""
-    return topk_prob_reference(logits, k, log)
+    return topk_prob_reference(logits, k, log, scale)
 
 
 @topk_prob.register_kernel("cuda")
-def _topk_prob_cuda(logits: torch.Tensor, k: int, log: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+def _topk_prob_cuda(
+    logits: torch.Tensor, k: int, log: bool = False, scale: torch.Tensor | None = None
+) -> tuple[torch.Tensor, torch.Tensor]:
+    check_scale(logits, scale)
     if not _use_kernels(logits, k):
-        return topk_prob_reference(logits, k, log)
+        return topk_prob_reference(logits, k, log, scale)
     shape = (*logits.shape[:-1], k)
     prob = logits.new_empty(shape, dtype=torch.float32)
     index = logits.new_empty(shape, dtype=torch.int64)
-    _run_kernels(logits, k, log, prob, index)
+    _run_kernels(logits, k, log, prob, index, scale)
     return prob, index
 
 
 @topk_prob.register_fake
-def _topk_prob_fake(logits: torch.Tensor, k: int, log: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+def _topk_prob_fake(
+    logits: torch.Tensor, k: int, log: bool = False, scale: torch.Tensor | None = None
+) -> tuple[torch.Tensor, torch.Tensor]:
     shape = (*logits.shape[:-1], k)
     return logits.new_empty(shape, dtype=torch.float32), logits.new_empty(shape, dtype=torch.int64)

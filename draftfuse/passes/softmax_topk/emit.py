@@ -76,6 +76,9 @@ class TorchEmitter(Emitter):
         "amax": (torch.amax, ("dim", "keepdim")),
         "sum": (torch.sum, ("dim", "keepdim")),
         "sub": (torch.sub, ()),
+        "mul": (torch.mul, ()),
+        "sign": (torch.sign, ()),
+        "reshape": (torch.reshape, ("shape",)),
         "div": (torch.div, ()),
         "exp": (torch.exp, ()),
         "log": (torch.log, ()),
@@ -84,8 +87,8 @@ class TorchEmitter(Emitter):
         "gather": (torch.gather, ("dim", "index")),
         "squeeze": (torch.squeeze, ("dim",)),
         "unsqueeze": (torch.unsqueeze, ("dim",)),
-        "argmax_prob": (torch.ops.draftfuse.argmax_prob.default, ("log",)),
-        "topk_prob": (torch.ops.draftfuse.topk_prob.default, ("k", "log")),
+        "argmax_prob": (torch.ops.draftfuse.argmax_prob.default, ("log", "scale")),
+        "topk_prob": (torch.ops.draftfuse.topk_prob.default, ("k", "log", "scale")),
     }
 
     def call(self, name: str, *args: Any) -> Node:
@@ -100,7 +103,8 @@ class TorchEmitter(Emitter):
             return self._node("call_function", fn, args[:1], {"dtype": args[1]})
         fn, keywords = self._FUNCTIONS[name]
         split = len(args) - len(keywords)
-        return self._node("call_function", fn, args[:split], dict(zip(keywords, args[split:])))
+        kwargs = {k: v for k, v in zip(keywords, args[split:]) if not (k == "scale" and v is None)}
+        return self._node("call_function", fn, args[:split], kwargs)
 
 
 class AtenEmitter(Emitter):
@@ -128,6 +132,9 @@ class AtenEmitter(Emitter):
             "amax": lambda x, d, kd: (aten.amax.default, (x, [d], kd)),
             "sum": lambda x, d, kd: (aten.sum.dim_IntList, (x, [d], kd)),
             "sub": lambda a, b: (aten.sub.Tensor, (a, b)),
+            "mul": lambda a, b: (aten.mul.Tensor, (a, b)),
+            "sign": lambda x: (aten.sign.default, (x,)),
+            "reshape": lambda x, shape: (aten.reshape.default, (x, shape)),
             "div": lambda a, b: (aten.div.Tensor, (a, b)),
             "exp": lambda x: (aten.exp.default, (x,)),
             "log": lambda x: (aten.log.default, (x,)),
@@ -136,8 +143,8 @@ class AtenEmitter(Emitter):
             "gather": lambda x, d, i: (aten.gather.default, (x, d, i)),
             "squeeze": lambda x, d: (aten.squeeze.dim, (x, d)),
             "unsqueeze": lambda x, d: (aten.unsqueeze.default, (x, d)),
-            "argmax_prob": lambda x, lg: (torch.ops.draftfuse.argmax_prob.default, (x, lg)),
-            "topk_prob": lambda x, k, lg: (torch.ops.draftfuse.topk_prob.default, (x, k, lg)),
+            "argmax_prob": lambda x, lg, sc: (torch.ops.draftfuse.argmax_prob.default, (x, lg) if sc is None else (x, lg, sc)),
+            "topk_prob": lambda x, k, lg, sc: (torch.ops.draftfuse.topk_prob.default, (x, k, lg) if sc is None else (x, k, lg, sc)),
         }[name]
         target, target_args = spelled(*args)
         return self._node("call_function", target, target_args)

@@ -149,6 +149,8 @@ class Match:
     prob_casts: list[torch.dtype]  # casts between softmax and selection, in order
     half: bool  # the selection reads fp16/bf16 probabilities
     matched: list[Node]  # nodes of the original pattern, for the report and clean-up
+    factor: float = 1.0  # the constant temperature factors, multiplied
+    tensor_scale: TensorScale | None = None  # a temperature tensor (the selection follows its sign)
 
     @property
     def log(self) -> bool:
@@ -168,28 +170,63 @@ def _peel_casts_after_softmax(sel: Selection) -> tuple[Node, list[torch.dtype], 
     return node, casts, cast_nodes
 
 
+@dataclasses.dataclass
+class TensorScale:
+    """A temperature held in a tensor: the softmax reads x / t (or x * s), t constant along the dim."""
+
+    node: Node  # t or s
+    op: str  # "div" or "mul"
+    at: Node  # the division or multiplication
+
+
 def peel_logits(scores: Node) -> tuple[Node, list[Node], float]:
     """From the softmax input back to the logits through exact upcasts and positive constant scales:
-    (logits, the nodes peeled, the product of the factors)."""
-    node, peeled, factor = scores, [], 1.0
+    (logits, the nodes peeled, the product of the factors). A tensor temperature is refused."""
+    logits, peeled, factor, _ = peel_scaled_logits(scores, None)
+    return logits, peeled, factor
+
+
+def peel_scaled_logits(scores: Node, dim: int | None) -> tuple[Node, list[Node], float, TensorScale | None]:
+    """peel_logits, looking also through one tensor temperature (`x / t`, `x * s`) when `dim` (the
+    softmax dim) is given and t is constant along it: the selection then follows the sign of t."""
+    node, peeled, factor, tensor = scores, [], 1.0, None
     while True:
         if (cast := as_cast(node)) is not None:
             src, dtype = cast
             source = fake_tensor(src)
             if not is_upcast(source.dtype if source is not None else None, dtype):
-                return node, peeled, factor  # a downcast may merge values: select on what softmax saw
+                return node, peeled, factor, tensor  # a downcast may merge values: select on what softmax saw
             peeled.append(node)
             node = src
         elif (scale := as_scale(node)) is not None:
             src, by = scale
             if isinstance(by, Node):
-                raise Refuse(f"temperature {by.name} is a tensor whose sign is not known")
-            if not by > 0:  # also refuses NaN
+                if dim is None or tensor is not None:
+                    raise Refuse(f"temperature {by.name} is a tensor whose sign is not known")
+                _check_row_constant(by, node, dim)
+                tensor = TensorScale(by, "div" if target_key(node) in _DIVISIONS else "mul", node)
+            elif not by > 0:  # also refuses NaN
                 raise Refuse(f"temperature factor {by} is not positive")
+            else:
+                factor *= by
             peeled.append(node)
-            node, factor = src, factor * by
+            node = src
         else:
-            return node, peeled, factor
+            return node, peeled, factor, tensor
+
+
+_DIVISIONS = {operator.truediv, torch.div, torch.true_divide, "div", "true_divide", aten.div.Tensor, aten.div.Scalar}
+
+
+def _check_row_constant(scale: Node, scaled: Node, dim: int) -> None:
+    """Refuse unless `scale` broadcasts along `dim` (one value per row, or one in all) without
+    changing the scaled tensor's shape: otherwise it reweighs the entries of a row, not the row."""
+    value, result = fake_tensor(scale), fake_tensor(scaled)
+    if value is None or result is None or value.dim() > result.dim():
+        raise Refuse(f"temperature {scale.name}: its shape is not known to broadcast over the rows")
+    offset = result.dim() - value.dim()
+    if dim >= offset and value.shape[dim - offset] != 1:
+        raise Refuse(f"temperature {scale.name} varies along the softmax dim: it reweighs entries, not rows")
 
 
 def match_dynamo_softmax(node: Node) -> Softmax | None:
@@ -358,15 +395,17 @@ def match(sel: Selection, level: str, effects: Effects) -> Match | None:
     for user in sel.node.users if sel.returns_pair else ():
         if not (is_call(user, operator.getitem) and user.args[1] in (0, 1)):
             raise Refuse(f"selection result used as a whole by {user.name}")
-    logits, peeled, _ = peel_logits(softmax.scores)
+    logits, peeled, factor, tensor = peel_scaled_logits(softmax.scores, softmax.dim)
     probs_value = fake_tensor(probs_node)
     if probs_value is None or fake_tensor(logits) is None:
         raise Refuse("no tensor metadata on the graph (capture with Dynamo or run FakeTensorProp first)")
     _check_effects(effects, sel, softmax, logits, peeled, cast_nodes)
+    if tensor is not None and (written := effects.writers([tensor.node], tensor.at, softmax.node)):
+        raise Refuse(f"the temperature {tensor.node.name} is written in place after the softmax read it, by {_describe(written[0])}")
     read_dtype = casts[-1] if casts else probs_value.dtype
     return Match(
         selection=sel, softmax=softmax, dim=sel_dim, k=k, logits=logits,
-        scaled=softmax.scale != 1.0 or any(as_scale(n) for n in peeled),
+        scaled=softmax.scale != 1.0 or any(as_scale(n) for n in peeled), factor=factor * softmax.scale, tensor_scale=tensor,
         prob_dtype=probs_value.dtype, prob_casts=casts, half=read_dtype in HALF,
         matched=[sel.node, *cast_nodes, probs_node, *peeled],
     )  # fmt: skip

@@ -61,6 +61,17 @@ def _values(m: Match, parts: SoftmaxParts, index_keepdim: Node, probs: str) -> N
     return _replay_casts(m, emit, value)
 
 
+def _scale_rows_shape(m: Match) -> str | None:
+    """How the tensor temperature becomes the kernels' per-row scale: "rows" (one per row, the dim
+    kept: squeeze it), "one" (a single value: reshape to 0-d), or None (another broadcast)."""
+    logits, t = fake_tensor(m.logits), fake_tensor(m.tensor_scale.node)
+    if t.numel() == 1:
+        return "one"
+    if t.dim() == logits.dim() and list(t.shape[:-1]) == list(logits.shape[:-1]) and t.shape[-1] == 1:
+        return "rows"
+    return None
+
+
 def _kernel_choice(m: Match, wants_values: bool, lowering: str) -> tuple[bool, str]:
     """Whether to select with draftfuse's kernels (torch.ops.draftfuse.*), and if not, why."""
     if lowering == "torch":
@@ -68,8 +79,9 @@ def _kernel_choice(m: Match, wants_values: bool, lowering: str) -> tuple[bool, s
     logits = fake_tensor(m.logits)
     reasons = [
         (m.dim != logits.dim() - 1, "the kernels reduce the last dim"),
-        # the kernels' probabilities are softmax(logits): a temperature in between would change them
-        (wants_values and m.scaled, "values under a temperature"),
+        (m.tensor_scale is not None and _scale_rows_shape(m) is None, "the temperature is not one value per row"),
+        # the kernels' probabilities are softmax(x * scale): a constant temperature is not passed to them
+        (wants_values and m.factor != 1.0, "values under a constant temperature"),
         (wants_values and m.prob_dtype == torch.float64, "the kernels' probabilities are float32"),
         (lowering == "auto" and not selection_kernels_available(logits.device, logits.dtype, m.k, logits.stride(-1) == 1),
          f"they run on CUDA with Triton, k <= 16" + ("" if logits.device.type == "cuda" else f", not on {logits.device.type}")),
@@ -81,8 +93,9 @@ def _kernel_choice(m: Match, wants_values: bool, lowering: str) -> tuple[bool, s
 def _select_with_kernel(m: Match, emit: Emitter, wants_values: bool, probs: str) -> tuple[Node, Node | None]:
     """(index, values or None) from one draftfuse selection op, which reads the logits once."""
     sel = m.selection
+    scale = _kernel_scale(m, emit)
     if m.k == 1:  # argmax_prob reduces the dim away: put it back for topk and keepdim=True
-        out = emit.call("argmax_prob", m.logits, m.log)
+        out = emit.call("argmax_prob", m.logits, m.log, scale)
         index = emit.call("getitem", out, 0)
         index = emit.call("unsqueeze", index, m.dim) if sel.keepdim else index
         if not wants_values:
@@ -90,7 +103,7 @@ def _select_with_kernel(m: Match, emit: Emitter, wants_values: bool, probs: str)
         prob = emit.call("getitem", out, 1)
         prob = emit.call("unsqueeze", prob, m.dim) if sel.keepdim else prob
     else:
-        out = emit.call("topk_prob", m.logits, m.k, m.log)
+        out = emit.call("topk_prob", m.logits, m.k, m.log, scale)
         index = emit.call("getitem", out, 1)
         if not wants_values:
             return index, None
@@ -98,6 +111,15 @@ def _select_with_kernel(m: Match, emit: Emitter, wants_values: bool, probs: str)
     if m.k == 1 and probs == "ones":
         prob = emit.call("zeros_like" if m.log else "ones_like", index, torch.float32)
     return index, _replay_casts(m, emit, prob)
+
+
+def _kernel_scale(m: Match, emit: Emitter) -> Node | None:
+    """The kernels' scale operand for a tensor temperature: 1 / t (or s) per row, float32."""
+    if m.tensor_scale is None:
+        return None
+    scale = m.tensor_scale.node
+    scale = emit.call("reciprocal", emit.to_compute_dtype(scale)) if m.tensor_scale.op == "div" else emit.to_compute_dtype(scale)
+    return emit.call("squeeze", scale, -1) if _scale_rows_shape(m) == "rows" else emit.call("reshape", scale, [])
 
 
 def _emit(m: Match, parts: SoftmaxParts, wants_values: bool, probs: str, lowering: str) -> tuple[Node, Node | None, str, str]:
@@ -109,15 +131,17 @@ def _emit(m: Match, parts: SoftmaxParts, wants_values: bool, probs: str, lowerin
         index, value = _select_with_kernel(m, emit, wants_values, probs)
         op = "draftfuse.argmax_prob" if m.k == 1 else "draftfuse.topk_prob"
         return index, value, f"{prefix}softmax+{sel.kind}(k={m.k}) -> {op}", why_not
+    # Under a tensor temperature the order is that of x * sign(t): x's, -x's, or all tied (t = 0).
+    logits = m.logits if m.tensor_scale is None else emit.call("mul", m.logits, emit.call("sign", m.tensor_scale.node))
     if m.k == 1:
         if sel.keepdim or not (wants_values and probs == "ones"):
-            index = index_keepdim = emit.call("argmax", m.logits, m.dim, sel.keepdim)
+            index = index_keepdim = emit.call("argmax", logits, m.dim, sel.keepdim)
         else:  # the constant values take the index's shape with the dim kept
-            index_keepdim = emit.call("argmax", m.logits, m.dim, True)
+            index_keepdim = emit.call("argmax", logits, m.dim, True)
             index = emit.call("squeeze", index_keepdim, m.dim)
         rule = f"{prefix}softmax+{sel.kind}(k=1) -> argmax"
     else:
-        topk = emit.call("topk", m.logits, m.k, m.dim, True, True)
+        topk = emit.call("topk", logits, m.k, m.dim, True, True)
         index = index_keepdim = emit.call("getitem", topk, 1)
         rule = f"{prefix}softmax+topk(k={m.k}) -> topk(logits)"
     value = _values(m, parts, index_keepdim, probs) if wants_values else None
@@ -141,6 +165,8 @@ def _apply(m: Match, parts: SoftmaxParts, probs: str, lowering: str, erased: set
     for user in readers[0]:
         user.replace_all_uses_with(value)
     details = [f"dim {m.dim}"]
+    if m.tensor_scale is not None:
+        details.append(f"temperature tensor {m.tensor_scale.node.name}: the order of x * sign")
     if wants_values:
         source = "the kernel" if rule.endswith(("argmax_prob", "topk_prob")) else "the exp-sum"
         kind = "log-probabilities" if m.log else "probabilities"
