@@ -152,3 +152,32 @@ def test_methods_and_keyword_arguments_replay():
     assert worker.step._replays
     want = draft(worker.head, hidden, worker.cache.clone(), worker.position, steps=2)[0]
     assert torch.equal(got, want)
+
+
+def test_weights_dynamo_guards_by_module_are_checked_too():
+    # Dynamo guards some parameters through their module (a dict tag) rather than a guard of their own:
+    # the fast path checks those tensors itself. The examples' draft model has RMSNorm weights so guarded.
+    import sys
+    from pathlib import Path
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "examples"))
+    import draft_model
+    from _layers import SIZES
+
+    torch.manual_seed(0)
+    model = draft_model.DraftModel(SIZES["tiny"], 2).requires_grad_(False)
+    token, pos = torch.randint(0, SIZES["tiny"].vocab, (2, 1)), torch.tensor([3])
+    compiled = draftfuse.draft_loop(draft_model.draft)
+    for _ in range(3):
+        compiled(model, token, pos, steps=2)
+    assert compiled._replays
+    norm = model.layers[0].attn_norm
+    norm.weight = nn.Parameter(torch.rand_like(norm.weight) + 0.5, requires_grad=False)
+    calls = recorder_calls(compiled)
+    caches = [(layer.attn.k_cache.clone(), layer.attn.v_cache.clone()) for layer in model.layers]
+    got = compiled(model, token, pos, steps=2)
+    for layer, (k, v) in zip(model.layers, caches):  # eager writes the same cache slots again
+        layer.attn.k_cache.copy_(k), layer.attn.v_cache.copy_(v)
+    want = draft_model.draft(model, token, pos, steps=2)
+    assert recorder_calls(compiled) > calls, "the replaced weight sent the call through Dynamo"
+    assert torch.equal(got[0], want[0]) and torch.allclose(got[1], want[1])

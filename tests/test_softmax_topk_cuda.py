@@ -6,6 +6,7 @@ import torch
 from torch._inductor.utils import run_and_get_code
 
 import draftfuse.runtime.backend  # noqa: F401  (registers backend="draftfuse")
+from tests._oracle import assert_same_selection
 
 
 def _draft_picks(logits):
@@ -25,6 +26,10 @@ def test_backend_lowers_to_selection_kernels_on_cuda(dtype):
     assert "aten.topk" not in code
     torch._dynamo.reset()
     want = torch.compile(_draft_picks, fullgraph=True)(logits)
-    assert torch.equal(got[1], want[1]) and torch.equal(got[3], want[3])
+    # bf16 logits tie exactly often in 128256 entries: the kernels take the lower index of a tie, torch's
+    # topk any of them; the oracle accepts a different index only where the probabilities tie
+    probs = torch.softmax(logits.float(), dim=-1)
+    assert_same_selection(probs, 1, want[1], got[1], keepdim=False)
+    assert_same_selection(probs, 1, want[3], got[3], keepdim=True)
     torch.testing.assert_close(got[0], want[0], rtol=1e-5, atol=1e-7)
-    torch.testing.assert_close(got[2], want[2], rtol=1e-5, atol=1e-7)
+    torch.testing.assert_close(got[2].sort(-1).values, want[2].sort(-1).values, rtol=1e-5, atol=1e-7)

@@ -97,6 +97,16 @@ def _scaled(logits: torch.Tensor, scale: torch.Tensor | None) -> tuple[torch.Ten
     return x * s, x * sign
 
 
+def _descending_order(order: torch.Tensor) -> torch.Tensor:
+    """Indices of `order` (float32) from the largest, NaN above everything (the first NaN first), ties
+    (-0.0 with +0.0 too) to the lower index. Two stable sorts, since neither torch.sort nor torch.argmax
+    places NaN reliably on CUDA: by value with NaN set aside, then NaN first."""
+    nan = order.isnan()
+    by_value = torch.sort(torch.where(nan, 0.0, order), dim=-1, descending=True, stable=True).indices
+    nan_first = torch.sort(nan.gather(-1, by_value).to(torch.int8), dim=-1, descending=True, stable=True).indices
+    return by_value.gather(-1, nan_first)
+
+
 def _row_max_and_sum(y: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     row_max = y.amax(-1, keepdim=True)
     return row_max, torch.exp(y - row_max).sum(-1, keepdim=True)
@@ -110,7 +120,7 @@ def argmax_prob_reference(
     y, order = _scaled(logits, scale)
     _, row_sum = _row_max_and_sum(y)
     row_sum = row_sum.squeeze(-1)
-    return torch.argmax(order, dim=-1), (-torch.log(row_sum) if log else 1 / row_sum)
+    return _descending_order(order)[..., 0].contiguous(), (-torch.log(row_sum) if log else 1 / row_sum)
 
 
 def topk_prob_reference(
@@ -120,7 +130,7 @@ def topk_prob_reference(
     arbitrarily (on CPU too) and the kernels promise the lower index first."""
     _check_k(logits, k)
     y, order = _scaled(logits, scale)
-    index = torch.sort(order, dim=-1, descending=True, stable=True).indices[..., :k].contiguous()
+    index = _descending_order(order)[..., :k].contiguous()
     values = y.gather(-1, index)
     row_max, row_sum = _row_max_and_sum(y)
     prob = values - row_max - torch.log(row_sum) if log else torch.exp(values - row_max) / row_sum

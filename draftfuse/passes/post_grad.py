@@ -28,6 +28,8 @@ from draftfuse.passes.merge_setup import merge_setup
 from draftfuse.passes.report import PassReport
 from draftfuse.passes.softmax_topk.rewrite import PASS_NAME as SOFTMAX_TOPK
 from draftfuse.passes.softmax_topk.rewrite import rewrite_graph as rewrite_softmax_topk
+from draftfuse.passes.vocab_parallel import cache_key as vocab_parallel_key
+from draftfuse.passes.vocab_parallel import post_grad_pass as vocab_parallel_pass
 
 log = logging.getLogger(__name__)
 _PACKAGE = pathlib.Path(__file__).resolve().parent.parent
@@ -65,6 +67,8 @@ class PostGradPass(CustomGraphPass):
             self.user_pass(graph)
         log.info("draftfuse post-grad passes, graph before:\n%s", graph)
         options = self.options
+        if options.vocab_parallel and (report := vocab_parallel_pass(graph, options)) is not None:
+            self.reports.append(report)  # before softmax_topk, which would rewrite the gathered selection in place
         if options.softmax_topk:
             report = rewrite_softmax_topk(graph, probs=options.probs, lowering=options.lowering, half_probs=options.half_probs)
             report.pass_name = f"{SOFTMAX_TOPK} (post-grad)"
@@ -83,4 +87,5 @@ class PostGradPass(CustomGraphPass):
             user_uuid = self.user_pass.uuid() if hasattr(self.user_pass, "uuid") else None
             if user_uuid is None:
                 return None
-        return (source_hash(), self.options.pass_key(), user_uuid)
+        ranks = vocab_parallel_key() if self.options.vocab_parallel else None  # a padded vocabulary's mask holds the rank
+        return (source_hash(), self.options.pass_key(), user_uuid, ranks)

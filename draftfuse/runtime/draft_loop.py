@@ -42,6 +42,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import inspect
+import logging
 import os
 import sys
 import types
@@ -59,7 +60,7 @@ from draftfuse.options import Options
 from draftfuse.runtime import checks, translate
 from draftfuse.runtime.errors import DraftCaptureError, RecompileError
 from draftfuse.runtime.pipeline import CompileRecord, lower, prepare
-from draftfuse.runtime.replay import GraphRecorder, Replay
+from draftfuse.runtime.replay import GraphRecorder, Replay, log
 
 _CPU_WARNING = (
     "draftfuse: draft {name!r} runs on the CPU: it is compiled, but CUDA graphs need a CUDA device, "
@@ -149,7 +150,7 @@ class DraftLoop:
         if f_locals is not None:
             with torch.no_grad():  # the guards hold the grad mode the draft compiled under
                 for replay in self._replays:
-                    if replay.matches(f_locals):
+                    if replay.matches(f_locals, log.isEnabledFor(logging.DEBUG)):
                         if self._overlap_check is not None:
                             self._overlap_check((*args, *kwargs.values()))
                         if torch.autograd._profiler_enabled():
@@ -197,6 +198,9 @@ class DraftLoop:
         if len(ran) != 1 or not ran[0][0].captured or any(x.recorder is ran[0][0] for x in self._replays):
             return
         recorder, placeholders = ran[0]
+        if getattr(recorder, "refused", None) == recorder.generation:
+            return  # this recording cannot run without Dynamo (the log said why): do not ask again
+        recorder.refused = recorder.generation
         from torch._dynamo.eval_frame import _debug_get_cache_entry_list
 
         f_locals = self._bind(args, kwargs)

@@ -1,7 +1,7 @@
 """The compile pipeline, in two steps that `torch.compile`'s backend, `draft_loop` and `explain` share:
 
-    prepare(gm, options) -> Prepared        draftfuse's passes on the Dynamo graph (seed fold, then
-                                            softmax -> topk), each with its report
+    prepare(gm, options) -> Prepared        draftfuse's passes on the Dynamo graph (seed fold, vocab-
+                                            parallel selection, softmax -> topk), each with its report
     lower(prepared, example_inputs, options) -> compiled
                                             Inductor (compile_fx) with `options.inductor` and
                                             draftfuse's post-grad pass (softmax -> topk after
@@ -26,6 +26,7 @@ from draftfuse.passes.post_grad import PostGradPass
 from draftfuse.passes.report import PassReport
 from draftfuse.passes.seed_fold import fold_seed
 from draftfuse.passes.softmax_topk import rewrite_softmax_topk
+from draftfuse.passes.vocab_parallel import dynamo_pass as vocab_parallel_pass
 
 log = logging.getLogger("draftfuse")
 _POST_GRAD_KEY = "post_grad_custom_pre_pass"
@@ -59,6 +60,8 @@ def _dynamo_passes(options: Options) -> list[Callable[[torch.fx.GraphModule], An
     passes: list[Callable[[torch.fx.GraphModule], Any]] = []
     if options.seed_fold:
         passes.append(fold_seed)
+    if options.vocab_parallel:  # before softmax_topk, which would rewrite the gathered selection in place
+        passes.append(lambda gm: vocab_parallel_pass(gm, options))
     if options.softmax_topk:
         passes.append(
             lambda gm: rewrite_softmax_topk(gm, probs=options.probs, lowering=options.lowering, half_probs=options.half_probs)
@@ -73,6 +76,8 @@ def prepare(gm: torch.fx.GraphModule, options: Options) -> Prepared:
     current, reports = gm, []
     for run_pass in _dynamo_passes(options):
         result = run_pass(current)
+        if result is None:  # nothing for this pass in the graph (vocab_parallel without a gather): no report
+            continue
         carry_dynamo_metadata(current, result.graph_module)
         current = result.graph_module
         reports.append(result.report)

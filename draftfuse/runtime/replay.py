@@ -72,6 +72,7 @@ class GraphRecorder:
         self.unrecorded_calls += 1
         self.last_call_inputs = inputs
         if self.captured and self._static_pointers(inputs) != self.pointers:
+            log.info("draftfuse: a static input of the recorded region moved: running it plainly, recording again")
             # A static input moved (p.data = ..., or another KV cache): run plainly (draft_loop's address
             # check raises for a written input), and record again on the next call.
             self.graph, self.recorded, self.unrecorded_calls = None, False, 1
@@ -174,6 +175,15 @@ def _fetcher(placeholder: Any, value: Any, scope: dict[str, Any]) -> Callable[[d
     return lambda f_locals: eval(code, {}, {"L": f_locals})
 
 
+def _identity_check(identities: list[tuple[str, torch.Tensor]]) -> Callable[[dict[str, Any]], bool]:
+    """One compiled function f_locals -> whether each source still finds its recorded tensor (the
+    sources are Dynamo's, checked by `_fetcher` to evaluate over the call's locals)."""
+    if not identities:
+        return lambda f_locals: True
+    terms = " and ".join(f"({name}) is V[{i}]" for i, (name, _) in enumerate(identities))
+    return eval(compile(f"lambda L: {terms}", "<draftfuse identity check>", "eval"), {"V": [v for _, v in identities]})
+
+
 def _add_identity_guard(node: Any, value: Any, name: str) -> None:
     verbose = [f"draftfuse: {name} is the tensor the recorded graph reads"]
     try:
@@ -192,17 +202,26 @@ class Replay:
     None (and logs why) where a Replay would not be sound."""
 
     def __init__(
-        self, guard: Any, recorder: GraphRecorder, fetchers: list[Callable], held: list[torch.Tensor], template: tuple, written: list[Callable]
+        self,
+        guard: Any,
+        recorder: GraphRecorder,
+        fetchers: list[Callable],
+        held: list[torch.Tensor],
+        template: tuple,
+        written: list[Callable],
+        identities: list[tuple[str, torch.Tensor]],
     ) -> None:
         self.guard = guard  # Dynamo's guard manager for the frame, with identity guards added
         self.recorder = recorder
         self.fetchers = fetchers  # per non-static input, in the recorder's order: f_locals -> tensor
         self.written = written  # per written static input (a KV cache): f_locals -> tensor, its address checked
         self.written_pointers = [recorder.last_call_inputs[i].data_ptr() for i in sorted(recorder.written)]
+        self.same_static = _identity_check(identities)  # static tensors no guard node holds, checked in one call
         self.held = held  # the static tensors the graph reads in place
         self.pointers = [t.data_ptr() for t in held]
         self.leaves, self.spec = template
         self.flat_tuple = self.spec == tree_flatten(tuple(range(len(self.leaves))))[1]  # rebuilt without pytree
+        self.graph_leaves = sorted({where for kind, where in self.leaves if kind == "graph"})
         self.generation = recorder.generation
 
     @property
@@ -217,7 +236,7 @@ class Replay:
             return None
         nodes = _guard_nodes(entry.guard_manager.root)
         scope = {"L": f_locals}
-        held = []
+        held, identities = [], []
         for index, (placeholder, value, static) in enumerate(zip(placeholders, recorder.last_call_inputs, recorder.static)):
             if not static:
                 continue
@@ -225,10 +244,13 @@ class Replay:
             if index in recorder.written:
                 continue  # a KV cache: another tensor must raise (draft_loop's address check), not recompile
             node = nodes.get(_source_name(placeholder._dynamo_source))
-            if node is None:
-                log.info("draftfuse: no fast replay: no guard on %s", _source_name(placeholder._dynamo_source))
+            if node is not None:
+                _add_identity_guard(node, value, _source_name(placeholder._dynamo_source))
+                continue
+            # Dynamo guards this tensor some other way (a dict tag over its module, say): check it here
+            if _fetcher(placeholder, value, scope) is None:
                 return None
-            _add_identity_guard(node, value, _source_name(placeholder._dynamo_source))
+            identities.append((_source_name(placeholder._dynamo_source), value))
         fetchers = [_fetcher(placeholders[i], recorder.last_call_inputs[i], scope) for i, _ in recorder.copies]
         written = [_fetcher(placeholders[i], recorder.last_call_inputs[i], scope) for i in sorted(recorder.written)]
         if any(f is None for f in [*fetchers, *written]):
@@ -237,7 +259,7 @@ class Replay:
         if template is None:
             log.info("draftfuse: no fast replay: the draft returns a tensor that is neither a graph output nor an argument")
             return None
-        return cls(entry.guard_manager, recorder, fetchers, held, template, written)
+        return cls(entry.guard_manager, recorder, fetchers, held, template, written, identities)
 
     @staticmethod
     def _unsound(entry: Any, recorder: GraphRecorder, placeholders: list[Any]) -> str:
@@ -270,27 +292,44 @@ class Replay:
                 plan.append(("constant", leaf))
         return plan, spec
 
-    def matches(self, f_locals: dict[str, Any]) -> bool:
+    def matches(self, f_locals: dict[str, Any], explain: bool = False) -> bool:
+        """Whether this recording may run the call; with `explain`, the reason it may not is logged."""
         try:
             if not self.guard.check(f_locals):
+                if explain:
+                    log.debug("draftfuse: replay missed: %s", self.guard.check_verbose(f_locals).verbose_code_parts)
                 return False
-        except Exception:
+            if list(map(torch.Tensor.data_ptr, self.held)) != self.pointers:
+                if explain:
+                    log.debug("draftfuse: replay missed: a static tensor's storage moved")
+                return False
+            if not self.same_static(f_locals):
+                if explain:
+                    log.debug("draftfuse: replay missed: a weight or buffer is another tensor")
+                return False
+            if [fetch(f_locals).data_ptr() for fetch in self.written] != self.written_pointers:
+                if explain:
+                    log.debug("draftfuse: replay missed: a tensor the draft writes is another one")
+                return False
+        except Exception as error:
+            if explain:
+                log.debug("draftfuse: replay missed: %r", error)
             return False
-        if list(map(torch.Tensor.data_ptr, self.held)) != self.pointers:
-            return False
-        try:
-            return [fetch(f_locals).data_ptr() for fetch in self.written] == self.written_pointers
-        except Exception:
-            return False
+        return True
 
     def run(self, f_locals: dict[str, Any], clone: bool) -> Any:
         recorder = self.recorder
         recorder.replay([fetch(f_locals) for fetch in self.fetchers])
         outputs = recorder.flat_outputs()
+        if clone and self.graph_leaves:  # fresh copies of the graph's outputs: one copy launch for all
+            picked = [outputs[i] for i in self.graph_leaves]
+            copies = [torch.empty_like(t) for t in picked]
+            torch._foreach_copy_(copies, picked)
+            outputs = dict(zip(self.graph_leaves, copies))
         values = []
         for kind, where in self.leaves:
             if kind == "graph":
-                values.append(outputs[where].clone() if clone else outputs[where])
+                values.append(outputs[where])
             elif kind == "argument":
                 values.append(_follow(f_locals, where))
             else:

@@ -1,0 +1,98 @@
+"""Vocab-parallel drafts: all_gather -> softmax -> topk becomes a selection on each rank's own shard and
+one gather of k candidates per rank.
+
+Under tensor parallelism a draft's LM head is vocab-sharded: rank r holds logits for the vocabulary
+entries [r * S, (r + 1) * S). Servers all-gather the full [B, V] logits to every rank, then take
+softmax and topk. The rewrite:
+
+    full = reassemble(all_gather(shard_r))         # [B, tp * S]
+    p = softmax(full)       (casts, temperature)   # as softmax_topk knows it
+    v, i = topk(p, k)       (argmax, max, log_softmax ...)
+
+becomes, in the same captured region (no host sync, no rank read on the host at run time):
+
+    local: top-k of shard_r with ids, max m_r and exp-sum t_r of the softmax input (float32)
+    one all_gather of those 2k + 2 numbers per row, over the same group
+    merge: ids + r * S, the top k of the tp * k candidates, values from M = max m_r and
+           T = sum t_r * exp(m_r - M)
+
+emit.py has the formulas. Exactness: every vocabulary entry belongs to exactly one shard, and the
+global top-k entries are each in their own shard's top k, so the candidates contain them; ties are
+broken by rank order across shards (the lower global id, as the rank blocks ascend) and by the
+local selection within one (argmax: the first; topk_prob: the lower id; torch.topk: as it does,
+arbitrarily on a CPU, as in the single-GPU rewrite). NaN and +inf follow the single-GPU rewrite: a
+NaN or +inf anywhere in a row makes M or T NaN, so every value of the row is NaN, and the index is
+torch.argmax's (the first NaN, else the first +inf) for k = 1. A shard of -inf only adds nothing.
+Values are exp(s_v - M) / T in float32: the full softmax's, up to float32 rounding of the sum split
+by shard. What is recognised and refused: gather.py, layout.py, match.py.
+
+Modules: gather.py (the collective and its group), layout.py (the reassembly, proven), match.py
+(softmax_topk's matcher plus this pass's legality), emit.py (the new nodes), rewrite.py (the driver).
+"""
+
+from __future__ import annotations
+
+import logging
+
+import torch
+import torch.distributed as dist
+
+from draftfuse.graph.values import copy_graph_module, level
+from draftfuse.passes.report import PassReport, PassResult
+from draftfuse.passes.vocab_parallel.emit import PASS_NAME
+from draftfuse.passes.vocab_parallel.rewrite import has_gather, rewrite_graph
+
+log = logging.getLogger(__name__)
+
+
+def rewrite_vocab_parallel(
+    gm: torch.fx.GraphModule, *, probs: str = "exact", lowering: str = "torch", half_probs: str = "rewrite"
+) -> PassResult:
+    """Localise every all_gather -> softmax -> selection of `gm` (Dynamo or ATen graph). Returns a new
+    GraphModule (`gm` is untouched) and the report; never raises on a graph (rewrite_graph refuses
+    what fails; a graph that then does not lint comes back as it was). Options as rewrite_softmax_topk's."""
+    new_gm = copy_graph_module(gm)
+    _log_graph("before", new_gm)
+    report = rewrite_graph(new_gm.graph, probs=probs, lowering=lowering, half_probs=half_probs)
+    try:
+        new_gm.graph.lint()
+        new_gm.recompile()
+    except Exception as error:
+        log.warning("%s: the rewritten graph is broken, left unchanged", PASS_NAME, exc_info=True)
+        report = PassReport(PASS_NAME, notes=[f"internal error, graph left unchanged: {error!r}"])
+        new_gm = copy_graph_module(gm)
+    log.info("%s", report)
+    _log_graph("after", new_gm)
+    return PassResult(new_gm, report)
+
+
+def _log_graph(when: str, gm: torch.fx.GraphModule) -> None:
+    if log.isEnabledFor(logging.INFO):  # printing a graph costs time: only when shown
+        log.info("%s: %s graph %s:\n%s", PASS_NAME, level(gm.graph), when, gm.print_readable(print_output=False))
+
+
+def dynamo_pass(gm: torch.fx.GraphModule, options) -> PassResult | None:
+    """The pipeline's Dynamo-level step: None (no report) for a graph without a gather."""
+    if not has_gather(gm.graph):
+        return None
+    return rewrite_vocab_parallel(gm, probs=options.probs, lowering=options.lowering, half_probs=options.half_probs)
+
+
+def post_grad_pass(graph: torch.fx.Graph, options) -> PassReport | None:
+    """The post-grad step, in place: None (no report) for a graph without a gather."""
+    if not has_gather(graph):
+        return None
+    report = rewrite_graph(graph, probs=options.probs, lowering=options.lowering, half_probs=options.half_probs)
+    report.pass_name = f"{PASS_NAME} (post-grad)"
+    return report
+
+
+def cache_key() -> tuple | None:
+    """What the post-grad rewrite depends on besides the graph: this process's rank (a padded
+    vocabulary's mask holds it), for the FX graph cache shared by the ranks of one machine."""
+    if dist.is_available() and dist.is_initialized():
+        return (dist.get_rank(), dist.get_world_size())
+    return None
+
+
+__all__ = ["PASS_NAME", "cache_key", "dynamo_pass", "post_grad_pass", "rewrite_graph", "rewrite_vocab_parallel"]

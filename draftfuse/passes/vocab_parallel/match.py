@@ -1,0 +1,143 @@
+"""Recognising all_gather -> softmax -> selection, and deciding whether it may be localised.
+
+The softmax -> selection part is softmax_topk's own matcher (`softmax_topk.match.match`): the same
+spellings, casts, temperatures, k, dims and effects rules, at both levels. On top of it:
+
+  * the logits come from a gather (gather.py) through a reassembly proven to concatenate the rank
+    shards along the softmax's dim (layout.py);
+  * nothing else reads the gathered logits: every node from the collective to the selection is read
+    only by the next nodes of the pattern (the rewrite removes the full logits, so another reader
+    would need a gather of its own);
+  * effects: nothing writes the gathered tensor or any step of its reassembly between the collective
+    and the softmax (softmax_topk's matcher checks the logits and the probabilities themselves);
+  * k fits in one shard, ids fit the float payload exactly, and a padded vocabulary (a prefix slice)
+    leaves rank 0's shard whole and is padded along the last dim.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import operator
+
+import torch
+
+from draftfuse.graph.effects import Effects
+from draftfuse.graph.selection import Selection
+from draftfuse.graph.values import Node, fake_tensor, target_key
+from draftfuse.passes.softmax_topk.match import SOFTMAX_SPELLINGS, Match, Refuse, as_cast, as_scale, peel_logits
+from draftfuse.passes.softmax_topk.match import match as match_softmax
+from draftfuse.passes.vocab_parallel import layout
+from draftfuse.passes.vocab_parallel.gather import Gather, as_gather, is_gather_node
+from draftfuse.passes.vocab_parallel.layout import Reassembly, chain_between, reassemble
+
+aten = torch.ops.aten
+# Exact integers in the payload: float32 holds every id below 2**24, float64 below 2**53.
+_EXACT_IDS = {torch.float32: 2**24, torch.float64: 2**53}
+_MOVEMENT = (
+    layout._VIEWS | layout._PERMUTES | set(layout._SPLITS) | set(layout._CATS) | layout._MASKS
+    | {operator.getitem, aten.select.int, aten.slice.Tensor, "narrow", torch.narrow, aten.narrow.default}
+)  # fmt: skip
+# What a softmax is made of at either level, for deciding whether a refused selection reads a gather.
+_SOFTMAX_PARTS = set(SOFTMAX_SPELLINGS) | {
+    aten.amax.default, aten.sub.Tensor, aten.exp.default, aten.sum.dim_IntList, aten.div.Tensor, aten.log.default,
+    aten.where.self, aten.mul.Tensor, aten.logical_not.default, aten.any.dims, aten.any.dim, aten.eq.Tensor,
+    aten.ne.Scalar, aten.abs.default,
+}  # fmt: skip
+
+
+@dataclasses.dataclass
+class VocabMatch:
+    m: Match  # the softmax -> selection, as softmax_topk matched it
+    gather: Gather
+    layout: Reassembly
+    scores: list[Node]  # the ops from the logits to the softmax input (casts, temperature), in order
+    compute: torch.dtype  # float32 (float64 when the softmax computes in it): the payload's dtype
+    pattern: list[Node]  # every node the rewrite replaces, in graph order
+
+    @property
+    def tp(self) -> int:
+        return self.gather.tp
+
+
+def _walk_back(node: Node, through: set, limit: int = 256) -> Gather | None:
+    """The gather behind `node`, walking back only through the ops in `through` (and casts, scales)."""
+    seen, frontier = {node}, [node]
+    while frontier and len(seen) < limit:
+        current = frontier.pop()
+        found = as_gather(current)
+        if found is not None:
+            return found
+        if current is not node and not (target_key(current) in through or as_cast(current) or as_scale(current)):
+            continue
+        for source in current.all_input_nodes:
+            if source not in seen:
+                seen.add(source)
+                frontier.append(source)
+    return None
+
+
+def reads_gather(sel: Selection) -> bool:
+    """Whether a selection reads gathered logits through a softmax (so a refusal is this pass's news)."""
+    try:
+        return _walk_back(sel.input, _MOVEMENT | _SOFTMAX_PARTS) is not None
+    except Refuse:
+        return True
+
+
+def _other_user(pattern: list[Node], sel: Node) -> tuple[Node, Node] | None:
+    inside = set(pattern)
+    for node in pattern:
+        if node is sel:
+            continue
+        for user in node.users:
+            if user not in inside:
+                return node, user
+    return None
+
+
+def _compute_dtype(m: Match) -> torch.dtype:
+    dtypes = {getattr(fake_tensor(n), "dtype", None) for n in (m.logits, m.softmax.scores)} | {m.softmax.dtype}
+    return torch.float64 if torch.float64 in dtypes else torch.float32
+
+
+def match(sel: Selection, level: str, effects: Effects, half_probs: str = "rewrite") -> VocabMatch | None:
+    """The localisation of one selection; None when its logits are no gather's; Refuse for near-matches."""
+    try:
+        m = match_softmax(sel, level, effects)
+    except Refuse:
+        if reads_gather(sel):
+            raise
+        return None
+    if m is None:
+        return None
+    gather = _walk_back(m.logits, _MOVEMENT)
+    if gather is None:
+        return None
+    if m.half and half_probs == "keep":
+        raise Refuse('reads half-precision probabilities and half_probs="keep"')
+    if getattr(m, "tensor_scale", None) is not None:
+        raise Refuse(f"temperature {m.tensor_scale.node.name} is a tensor: not localised (softmax_topk selects on the gathered logits)")
+    found = reassemble(gather, m.logits)
+    if found.dim != m.dim:
+        raise Refuse(f"the shards are concatenated along dim {found.dim}, the softmax is over dim {m.dim}")
+    pattern = sorted({*gather.nodes, *chain_between(gather.start, sel.node)}, key=effects.order.get)
+    if (other := _other_user(pattern, sel.node)) is not None:
+        raise Refuse(f"the gathered logits have other users: {other[0].name} is also read by {other[1].name}")
+    writes = [w for w in effects.writers([gather.start, *found.chain], gather.anchor, m.softmax.node) if w not in gather.nodes]
+    if writes:
+        raise Refuse(f"the gathered logits are written in place before the softmax, by {writes[0].name}")
+    if m.k > found.shard_vocab:
+        raise Refuse(f"k={m.k} is larger than one shard ({found.shard_vocab} entries)")
+    compute = _compute_dtype(m)
+    if found.shard_vocab > _EXACT_IDS[compute]:
+        raise Refuse(f"a shard of {found.shard_vocab} entries: its ids are not exact in a {compute} payload")
+    if found.keep is not None:
+        if found.keep < found.shard_vocab:
+            raise Refuse(f"a padded vocabulary of {found.keep} real entries leaves rank 0's shard ({found.shard_vocab}) partly padded")
+        if found.dim != fake_tensor(m.logits).dim() - 1:
+            raise Refuse("a padded vocabulary along a dim other than the last")
+    _, peeled, _ = peel_logits(m.softmax.scores)
+    return VocabMatch(m, gather, found, list(reversed(peeled)), compute, pattern)
+
+
+__all__ = ["VocabMatch", "is_gather_node", "match", "reads_gather"]

@@ -1,0 +1,101 @@
+"""The pass driver: for each selection, in graph order, match (match.py), emit (emit.py) right after
+the collective (where the original read the shards), point the selection's readers at the new
+nodes, erase the pattern one node at a time (Dynamo graphs are not functional), report.
+
+Every rank must make the same decision, or the ranks would run different collectives: each decision
+depends on the graph and the group's size only, which SPMD code shares; this rank's number enters
+only a padded vocabulary's mask (a constant of the emitted graph, not a decision).
+"""
+
+from __future__ import annotations
+
+import logging
+
+import torch
+from torch._dynamo.utils import counters
+
+from draftfuse.graph.effects import Effects
+from draftfuse.graph.selection import as_selection
+from draftfuse.graph.values import Node, level as graph_level, user_location
+from draftfuse.passes.report import PassReport, Refusal, Rewrite
+from draftfuse.passes.softmax_topk.match import Refuse
+from draftfuse.passes.softmax_topk.rewrite import check_options
+from draftfuse.passes.vocab_parallel.emit import PASS_NAME, AtenVocabEmitter, TorchVocabEmitter, emit_selection
+from draftfuse.passes.vocab_parallel.match import VocabMatch, is_gather_node, match
+
+log = logging.getLogger("draftfuse.passes.vocab_parallel")
+
+
+def has_gather(graph: torch.fx.Graph) -> bool:
+    """Whether anything in the graph may gather (the pass has nothing to do otherwise)."""
+    return any(is_gather_node(node) for node in graph.nodes)
+
+
+def _apply(vm: VocabMatch, emit, probs: str, lowering: str, erased: set[Node]) -> Rewrite:
+    sel = vm.m.selection
+    getitems = list(sel.node.users) if sel.returns_pair else []  # match checked: getitem 0 (values) or 1 (ids)
+    index, value, rule, detail = emit_selection(vm, emit, any(g.args[1] == 0 for g in getitems), probs, lowering)
+    for reader in getitems or [sel.node]:
+        reader.replace_all_uses_with(value if reader in getitems and reader.args[1] == 0 else index)
+    graph = sel.node.graph
+    for node in reversed([*vm.pattern, *getitems]):
+        if not node.users and node.op != "placeholder" and node not in erased:
+            graph.erase_node(node)
+            erased.add(node)
+    counters["draftfuse"][f"{PASS_NAME}.{'k1' if vm.m.k == 1 else 'topk'}"] += 1
+    names = tuple(n.name for n in vm.pattern if n.op != "placeholder")
+    return Rewrite(rule, names, detail, user_location(sel.node))
+
+
+def _refusal(node: Node, error: Exception) -> Refusal:
+    """A refusal for `error`: a Refuse gives its reason; anything else is a bug of ours, logged and
+    reported, never raised (the compile goes on with the graph as it was)."""
+    if isinstance(error, Refuse):
+        return Refusal(node.name, str(error), user_location(node))
+    log.warning("%s: internal error on %s", PASS_NAME, node.name, exc_info=error)
+    return Refusal(node.name, f"internal error: {error!r}", user_location(node))
+
+
+def _apply_or_undo(vm: VocabMatch, emit, probs: str, lowering: str, erased: set[Node]) -> Rewrite:
+    """_apply; on failure the new nodes (all after the anchor, in order) are erased and it raises."""
+    anchor = emit.cursor
+    try:
+        return _apply(vm, emit, probs, lowering, erased)
+    except Exception:
+        emitted = []
+        while emit.cursor is not anchor:
+            emitted.append(emit.cursor)
+            emit.cursor = emit.cursor.prev
+        for new in emitted:
+            if not new.users:
+                new.graph.erase_node(new)
+        raise
+
+
+def rewrite_graph(graph: torch.fx.Graph, *, probs: str = "exact", lowering: str = "torch", half_probs: str = "rewrite") -> PassReport:
+    """Localise every all_gather -> softmax -> selection of `graph` in place and report; never raises."""
+    check_options(probs, lowering, half_probs)
+    report = PassReport(PASS_NAME)
+    if not has_gather(graph):
+        return report
+    level = graph_level(graph)
+    emitter_cls = AtenVocabEmitter if level == "aten" else TorchVocabEmitter
+    erased: set[Node] = set()
+    effects = Effects(graph)
+    selections = (as_selection(node) for node in list(graph.nodes) if node not in erased)
+    for sel in selections:
+        if sel is None or sel.kind in ("argmax_prob", "topk_prob"):  # draftfuse's own: selected already
+            continue
+        try:
+            vm = match(sel, level, effects, half_probs)
+            if vm is not None:
+                emit = emitter_cls(origin=sel.node, cursor=vm.gather.anchor)
+                report.rewrites.append(_apply_or_undo(vm, emit, probs, lowering, erased))
+                effects = Effects(graph)
+        except Exception as error:
+            report.refusals.append(_refusal(sel.node, error))
+    if level == "aten" and report.rewrites:
+        graph.eliminate_dead_code()
+    if report.rewrites:
+        report.notes.append("each rank selects on its own shard; one all_gather carries k candidates (and the softmax's max and exp-sum) per rank")
+    return report
