@@ -38,7 +38,27 @@ TP_GATHER = "all_gather+softmax+topk"
 
 # Why a target is missed, where known: {(target id, where or None): text}. Add an entry when a miss has
 # been analysed (notes/kernels.md for the kernels); a row's own "notes" field is used first.
-REASONS: dict[tuple[str, str | None], str] = {}
+REASONS: dict[tuple[str, str | None], str] = {
+    ("host", None): (
+        "on this machine the raw CUDA graph runner itself (input copies, replay, output clones, measured "
+        "alike) takes 51-102 µs: the host floor of the method is above 30 µs here; draftfuse's replay path "
+        "(Dynamo's C++ guards, argument binding, output rebuild) costs 1.3-2.2x the raw runner"
+    ),
+    ("sel_k1", None): (
+        "a fixed ~2 µs per call (one launch, a DRAM round trip, the atomic of the last-program merge), and "
+        "one-warp programs keep ~2 KB in flight, so 8-10 MB rows read below copy bandwidth (notes/kernels.md)"
+    ),
+    ("sel_k", None): (
+        "latency on the merge path: programs that read the shared per-row bound before the others wrote it "
+        "run 2-3 merge rounds (a one-warp sort each, 0.5-1 µs) plus atomic round trips (notes/kernels.md)"
+    ),
+    ("sel_speedup", None): "the same merge latency: at batch <= 64 softmax+topk is 50-150 µs, draftfuse 9-25 µs",
+    ("baseline", None): "within the run-to-run spread of the median (about 1-2 %)",
+    ("tp_speedup", None): "not measured: the 2-GPU machine stopped being lent after this session's first call",
+    ("tp_batch1", None): "not measured: the 2-GPU machine stopped being lent after this session's first call",
+    ("tp_tokens", None): "not measured on GPUs; exact on CPU (gloo, 2, 4 and 8 ranks: tests/test_vocab_parallel_ranks.py)",
+    ("tp_4x", None): "not measured: no 4- or 8-GPU machine is lent",
+}
 
 NAMES = {
     "host": f"draftfuse host µs / call ≤ {HOST_LIMIT_US:g} (batch 1 and 32, each draft workload)",
