@@ -60,7 +60,7 @@ def selection_call(method: str, k: int, tile: dict | None = None, scale: torch.T
             return index, torch.exp(values.float() - torch.logsumexp(x32, dim=-1, keepdim=True))
         return torch_probs
     if tile:  # a tiling other than the default: call the launcher directly
-        from draftfuse.kernels._triton_selection import launch_selection
+        from draftfuse.kernels._triton_launch import launch_selection
 
         def draftfuse_tiled(x):
             prob = torch.empty(x.shape[0], k, device=x.device)

@@ -117,7 +117,7 @@ def _warm_one(job):
 
     sys.path.insert(0, REPO)
     _import_kernels()
-    from draftfuse.kernels import _triton_selection as ts
+    from draftfuse.kernels import _triton_launch as ts
 
     if os.environ.get("DRAFTFUSE_NO_PDL"):
         ts._PDL = False
@@ -155,7 +155,7 @@ def main():
 
     _import_kernels()
     from benchmarks.selection import copy_bandwidth, selection_call, targets, time_in_graph
-    from draftfuse.kernels import _triton_selection as ts
+    from draftfuse.kernels import _triton_launch as ts
     from draftfuse.kernels.selection import topk_prob_reference
     from tests.test_kernels import check_selection, rounding_ties, special_rows, special_scales
 

@@ -24,11 +24,11 @@ casts). A row whose max (of y) is NaN or +-inf gets NaN probabilities, as softma
 its index is torch's (the first NaN, else the first +inf; 0 for a row of -inf). k must be in
 1..vocab (ValueError otherwise, where torch.topk raises a RuntimeError). On CUDA with Triton
 installed, fp32/fp16/bf16 logits and k <= 16 run one Triton kernel that reads the logits once
-(draftfuse/kernels/_triton_selection.py); everything else runs the torch reference below. The ops
+(draftfuse/kernels/_triton_selection.py, launched by _triton_launch.py); everything else runs the torch reference below. The ops
 are torch.library custom ops with fake implementations, so Dynamo, Inductor and CUDA graphs treat
 them as ordinary ops; the CUDA path makes no host sync and allocates by shape only, besides a
 per-stream workspace of counters that each launch leaves as it found it (created on the first call,
-outside CUDA-graph capture; see _triton_selection.py): calls on different streams use different
+outside CUDA-graph capture; see _triton_launch.py): calls on different streams use different
 workspaces, and two CUDA graphs captured on one stream must not be replayed at the same time.
 """
 
@@ -44,10 +44,10 @@ _KERNEL_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 def _triton_selection():
     """The Triton kernels' module, or None where Triton can't be imported."""
     try:
-        from draftfuse.kernels import _triton_selection
+        from draftfuse.kernels import _triton_launch
     except ImportError:
         return None
-    return _triton_selection
+    return _triton_launch
 
 
 def selection_kernels_available(

@@ -1,0 +1,196 @@
+"""The host side of draftfuse's Triton selection kernel (_triton_selection.py has the kernel and its
+design): the per-stream workspace, the grid (splits per row, programs per SM), and the launch.
+"""
+
+import functools
+import threading
+
+import torch
+import triton
+
+from draftfuse.kernels._triton_selection import (  # noqa: F401  (the tuning constants live with the kernel)
+    _selection_kernel,
+    _WS_COLS,
+    _INT32_MIN,
+    _MAX_SPLITS,
+    _MERGE_KEYS,
+    _PROGRAMS_PER_SM,
+    _BLOCK,
+    _PDL,
+    _MERGE,
+    _MAX_TILES,
+)
+
+# (device type, index, stream) -> int32 [capacity rows, _WS_COLS], all INT32_MIN between launches. One per
+# stream: launches queued on one stream never overlap, while two streams' launches could share rows. (A
+# CUDA graph keeps the workspace of the stream it was captured on: draft_loop captures each draft on a
+# stream of its own; two graphs captured on one stream must not be replayed at the same time.)
+_workspaces: dict = {}
+_retired: list = []  # workspaces outgrown: kept alive, as a launch still in flight may use one
+_side_streams: dict = {}
+
+
+def _fresh_workspace(rows: int, device: torch.device) -> torch.Tensor:
+    return torch.full((rows, _WS_COLS), _INT32_MIN, dtype=torch.int32, device=device)
+
+
+def _workspace(device: torch.device, rows: int) -> torch.Tensor:
+    """The device's persistent workspace with room for `rows`, or a per-call one (filled by a kernel of
+    its own) during a CUDA-graph capture that finds none large enough."""
+    stream = torch.cuda.current_stream(device).cuda_stream if device.type == "cuda" else 0
+    key = (device.type, device.index, stream)
+    ws = _workspaces.get(key)
+    if ws is not None and ws.shape[0] >= rows:
+        return ws
+    if device.type == "cuda" and torch.cuda.is_current_stream_capturing():
+        return _fresh_workspace(rows, device)
+    capacity = max(rows, 256, 2 * ws.shape[0] if ws is not None else 0)
+    new = _allocate_outside_pools(capacity, device) if device.type == "cuda" else _fresh_workspace(capacity, device)
+    if ws is not None:
+        _retired.append(ws)
+    _workspaces[key] = new
+    return new
+
+
+def _allocate_outside_pools(capacity: int, device: torch.device) -> torch.Tensor:
+    """A fresh workspace from the caching allocator's ordinary pool, made by a helper thread: CUDA-graph
+    trees route every allocation of the warming-up thread (any stream) into their pool and fail the
+    recording on tensors left alive there. The current stream waits for the fill; no host sync."""
+    made: dict = {}
+
+    def make():
+        try:
+            with torch.cuda.device(device):
+                stream = _side_streams.get(device.index)
+                if stream is None:
+                    stream = _side_streams[device.index] = torch.cuda.Stream(device)
+                with torch.cuda.stream(stream):
+                    made["ws"] = _fresh_workspace(capacity, device)
+                    made["done"] = torch.cuda.Event()
+                    made["done"].record(stream)
+        except BaseException as exc:  # noqa: BLE001  (re-raised in the caller's thread)
+            made["error"] = exc
+
+    helper = threading.Thread(target=make, name="draftfuse-workspace")
+    helper.start()
+    helper.join()
+    if "error" in made:
+        raise made["error"]
+    torch.cuda.current_stream(device).wait_event(made["done"])
+    return made["ws"]
+
+
+@functools.cache
+def _capability(device: torch.device) -> int:
+    return torch.cuda.get_device_capability(device)[0]
+
+
+@functools.cache
+def _sm_count(device: torch.device) -> int:
+    if device.type == "cuda":
+        return torch.cuda.get_device_properties(device).multi_processor_count
+    return 4  # Triton's interpreter (CPU tensors): the split count only shapes the grid
+
+
+def max_vocab(k: int) -> int:
+    """The largest vocabulary the kernel takes for this k (chunks of at most _MAX_TILES tiles of up
+    to 4096 elements)."""
+    splits = _MAX_SPLITS if k == 1 else min(_MAX_SPLITS, _MERGE_KEYS // k)
+    return min(2**31 - 1, splits * _MAX_TILES.value * 4096)
+
+
+_fits: dict = {}  # compiled kernel (specialisation) -> one-warp programs that fit per SM, by registers
+
+
+def _programs_that_fit(n_regs: int) -> int:
+    """One-warp programs per SM that the register file holds (65536 registers, allocated per warp in
+    units of 256; at most 32 blocks per SM)."""
+    per_warp = -(-max(n_regs, 1) * 32 // 256) * 256
+    return max(1, min(32, 65536 // per_warp))
+
+
+def default_programs_per_sm(element_size: int, k: int, scaled: bool) -> int:
+    return _PROGRAMS_PER_SM.get((min(element_size, 4), k == 1, scaled), 16)
+
+
+def plan(rows: int, vocab: int, k: int, device: torch.device, *, splits=None, block=None, programs_per_sm=16):
+    """(splits, chunk, block) for a launch: splits * chunk >= vocab, chunk a multiple of block. The
+    grid aims at programs_per_sm programs per SM, rounded down so that it stays within one wave."""
+    block = block or _BLOCK
+    most = _MAX_SPLITS if k == 1 else min(_MAX_SPLITS, _MERGE_KEYS // k)
+    while triton.cdiv(triton.cdiv(vocab, block), _MAX_TILES.value) > most:  # chunks of at most _MAX_TILES
+        if block >= 4096:
+            raise ValueError(f"vocab {vocab} is too large for the selection kernel with k={k} (max {max_vocab(k)})")
+        block *= 2
+    tiles = triton.cdiv(vocab, block)
+    least = triton.cdiv(tiles, _MAX_TILES.value)
+    if splits is None:
+        splits = programs_per_sm * _sm_count(device) // rows
+    splits = max(least, min(splits, tiles, most), 1)
+    chunk = triton.cdiv(tiles, splits) * block
+    return triton.cdiv(vocab, chunk), chunk, block
+
+
+def launch_selection(
+    logits: torch.Tensor,
+    k: int,
+    log: bool,
+    prob: torch.Tensor,
+    index: torch.Tensor,
+    scale: torch.Tensor | None = None,
+    *,
+    splits: int | None = None,
+    block: int | None = None,
+    programs_per_sm: int | None = None,
+    pdl: bool | None = None,
+    maxnreg: int | None = None,
+    merge: str | None = None,
+    workspace: torch.Tensor | None = None,
+):
+    """Top-k of each row of `logits` ([rows, vocab], last dim contiguous) into `prob` (float32) and
+    `index` (int64), each holding rows * k contiguous elements, row-major. `scale`: None, or float32
+    with one element per row (rows elements) or one for all (1 element): y = logits * scale.
+    One kernel launch; scratch sized by shapes only, so it can be captured in a CUDA graph. The
+    keywords override the tiling heuristics (tests and the benchmark's tuning use them). Returns
+    Triton's compiled kernel (its n_regs, n_spills), None for no rows."""
+    rows, vocab = logits.shape
+    if rows == 0:
+        return None
+    device = logits.device
+    cuda = device.type == "cuda"
+    pdl = (_PDL and cuda and _capability(device) >= 9) if pdl is None else pdl
+    sort = cuda and (merge or _MERGE) == "sort"
+    programs_per_sm = programs_per_sm or default_programs_per_sm(logits.element_size(), k, scale is not None)
+    explicit = splits is not None
+    splits, chunk, block = plan(rows, vocab, k, device, splits=splits, block=block, programs_per_sm=programs_per_sm)
+    # Never aim past what fits in one wave: Triton compiles a kernel per specialisation (here: dtype,
+    # k, scale or not, block, the options, 16-byte alignment of the pointers and of the row stride),
+    # and the first launch of each tells how many of its programs fit per SM.
+    aligned = tuple(t is None or t.data_ptr() % 16 == 0 for t in (logits, scale, prob, index))
+    key = (device.index, logits.dtype, k, scale is not None, block, pdl, maxnreg, sort, aligned, logits.stride(0) % 16 == 0)
+    fit = _fits.get(key)
+    if fit is not None and fit < programs_per_sm and not explicit:
+        splits, chunk, block = plan(rows, vocab, k, device, block=block, programs_per_sm=fit)
+    part = torch.empty((rows, 2, splits), dtype=torch.float32, device=device)
+    keys = torch.empty((rows, k, splits), dtype=torch.int64, device=device)
+    ws = workspace if workspace is not None else _workspace(device, rows)
+    if scale is None:
+        scale_arg, scale_stride = part, 0  # never read
+    else:
+        scale_arg = scale.reshape(-1)
+        scale_stride = 0 if scale_arg.numel() == 1 else 1
+    # On the GPU: no contraction of x * s - max into one fma, whose single rounding would move
+    # exp(y - max) away from the float32 softmax of y = fl(x * s) by up to an ulp of y.
+    options = {"enable_fp_fusion": False, **({"launch_pdl": True} if pdl else {})} if cuda else {}
+    if maxnreg:
+        options["maxnreg"] = maxnreg
+    most = _MAX_SPLITS if k == 1 else min(_MAX_SPLITS, _MERGE_KEYS // k)
+    kernel = _selection_kernel[(rows, splits)](
+        logits, logits.stride(0), vocab, chunk, splits, scale_arg, scale_stride,
+        part, keys, ws, prob, index, int(log),
+        K=k, BLOCK=block, V=16 // logits.element_size(), MERGE_KEYS=max(64, triton.next_power_of_2(k * most)),
+        HAS_SCALE=scale is not None, GPU=cuda, PDL=pdl, SORT=sort, num_warps=1, **options,
+    )
+    if fit is None and getattr(kernel, "n_regs", 0):  # the first launch of this kernel: note its occupancy
+        _fits[key] = _programs_that_fit(kernel.n_regs)
+    return kernel
