@@ -29,6 +29,8 @@ import math
 import torch
 
 import draftfuse.kernels  # noqa: F401  (registers torch.ops.draftfuse.*)
+from draftfuse import _measure  # noqa: E402
+from draftfuse._measure import summary
 
 VOCABS = (32000, 128256, 151936, 262144)
 BATCHES = (1, 8, 32, 64, 256)
@@ -80,36 +82,14 @@ def targets(k: int, batch: int, floor_us: float) -> tuple[float, float | None]:
     return max(3 * floor_us, 8.0), (10.0 if batch <= 64 else None)
 
 
-def _quantiles(samples: list[float]) -> dict:
-    s = sorted(samples)
-    pick = lambda q: s[min(len(s) - 1, round(q * (len(s) - 1)))]  # noqa: E731
-    return {"median_us": pick(0.5), "p10_us": pick(0.1), "p90_us": pick(0.9)}
-
-
 def time_in_graph(call, inputs: list[torch.Tensor], replays: int = 30) -> dict:
-    """Per-call time of `call` over `inputs`, all captured in one CUDA graph, in microseconds."""
-    call(inputs[0])  # compiles kernels, warms the allocator: neither may happen inside the capture
-    torch.cuda.synchronize()
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        for x in inputs:
-            call(x)
-    graph.replay()
-    events = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)) for _ in range(replays)]
-    for start, end in events:
-        start.record()
-        graph.replay()
-        end.record()
-    torch.cuda.synchronize()
-    return _quantiles([start.elapsed_time(end) * 1e3 / len(inputs) for start, end in events])
+    """Per-call time of `call` over `inputs`, all captured in one CUDA graph (median, p10, p90 in µs)."""
+    return summary(_measure.time_in_graph(call, inputs, replays))
 
 
 def copy_bandwidth(nbytes: int = 2**31, replays: int = 20) -> float:
     """Device-to-device copy bandwidth in bytes/s, counting bytes read plus bytes written."""
-    src = torch.randn(nbytes // 4, device="cuda")  # float32: torch's copy moves 16 bytes per access
-    dst = torch.empty_like(src)
-    median_us = time_in_graph(lambda x: dst.copy_(x), [src], replays)["median_us"]
-    return 2 * nbytes / (median_us * 1e-6)
+    return _measure.copy_bandwidth(torch.device("cuda"), nbytes, replays)
 
 
 def bench_selection(

@@ -84,7 +84,10 @@ def _line(table: str, start: str) -> str:
     return next(line for line in table.splitlines() if line.startswith(start))
 
 
-def test_table_marks_each_target_met_or_missed_with_its_ratio():
+def test_table_marks_each_target_met_or_missed_with_its_ratio(monkeypatch):
+    from benchmarks import targets
+
+    monkeypatch.setattr(targets, "REASONS", {})  # the maintainers' analyses of real misses: not these rows
     rows = [
         _draft("mtp", 1, "draftfuse", 2300.0, host=25.0),  # host met; 2300 / 2388.3 = 0.96 (met)
         _draft("mtp", 32, "draftfuse", 2700.0, host=45.0),  # host 45 / 30 = 1.50 (missed)

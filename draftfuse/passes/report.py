@@ -8,7 +8,9 @@ bug reports.
 from __future__ import annotations
 
 import dataclasses
+import logging
 import os
+from collections.abc import Callable
 
 import torch.fx
 
@@ -71,3 +73,27 @@ class PassResult:
 
     graph_module: torch.fx.GraphModule
     report: PassReport
+
+
+def run_on_copy(gm: torch.fx.GraphModule, pass_name: str, rewrite: Callable[[torch.fx.Graph], PassReport]) -> PassResult:
+    """Run `rewrite` (in place, returning its report) on a copy of `gm`'s graph. A pass never breaks a
+    compile: if the rewrite or the rewritten graph fails, the graph comes back as it came, and the
+    report says so. Logs the graph before and after (INFO on the pass's logger, only when shown)."""
+    from draftfuse.graph.values import copy_graph_module, level
+
+    log = logging.getLogger(f"draftfuse.passes.{pass_name}")
+    new_gm = copy_graph_module(gm)
+    shown = log.isEnabledFor(logging.INFO)  # printing a graph costs more than most passes
+    if shown:
+        log.info("%s: %s graph before:\n%s", pass_name, level(new_gm.graph), new_gm.print_readable(print_output=False))
+    try:
+        report = rewrite(new_gm.graph)
+        new_gm.graph.lint()
+        new_gm.recompile()
+    except Exception as error:
+        log.warning("%s: internal error, graph left unchanged", pass_name, exc_info=True)
+        report = PassReport(pass_name, notes=[f"internal error, graph left unchanged: {error!r}"])
+        new_gm = copy_graph_module(gm)
+    if shown:
+        log.info("%s\ngraph after:\n%s", report, new_gm.print_readable(print_output=False))
+    return PassResult(new_gm, report)

@@ -35,18 +35,14 @@ Limits: a host round trip with computation on the host in between, and `.tolist(
 
 from __future__ import annotations
 
-import logging
-
 import torch
 
 from draftfuse.graph.effects import Effects
-from draftfuse.graph.values import copy_graph_module
-from draftfuse.passes.report import PassReport, PassResult
+from draftfuse.passes.report import PassReport, PassResult, run_on_copy
 from draftfuse.passes.seed_fold.cleanup import PASS_NAME, declare_ranges, forward_buffers, remove_round_trips, remove_seams
 from draftfuse.passes.seed_fold.regions import Regions, find_regions
 from draftfuse.passes.seed_fold.seam import ValueRangeSpec, mark_seam, read_facts, seam_facts
 
-log = logging.getLogger(__name__)
 # Each rewrite can expose work for another (a removed round trip makes a fill's source plain): repeat
 # until nothing changes, at most this many times.
 _MAX_ROUNDS = 8
@@ -64,22 +60,13 @@ def fold_seed(gm: torch.fx.GraphModule, *, value_ranges: ValueRangeSpec | None =
     what was removed, and what was refused and why. A graph the pass does not understand comes back
     unchanged, with the reason in the report; the pass never raises on a graph.
     """
-    report = PassReport(PASS_NAME)
-    new_gm = copy_graph_module(gm)
-    verbose = log.isEnabledFor(logging.INFO)  # printing a graph costs more than folding it
-    if verbose:
-        log.info("%s: graph before:\n%s", PASS_NAME, new_gm.print_readable(print_output=False))
-    try:
-        _fold(new_gm.graph, report, dict(value_ranges or {}), drop_buffer_writes)
-        new_gm.graph.lint()
-        new_gm.recompile()
-    except Exception as error:  # a pass never breaks a compile: hand back the graph as it came
-        log.warning("%s: internal error, graph left unchanged", PASS_NAME, exc_info=True)
-        report = PassReport(PASS_NAME, notes=[f"internal error, graph left unchanged: {error!r}"])
-        new_gm = copy_graph_module(gm)
-    if verbose:
-        log.info("%s\ngraph after:\n%s", report, new_gm.print_readable(print_output=False))
-    return PassResult(new_gm, report)
+
+    def fold(graph: torch.fx.Graph) -> PassReport:
+        report = PassReport(PASS_NAME)
+        _fold(graph, report, dict(value_ranges or {}), drop_buffer_writes)
+        return report
+
+    return run_on_copy(gm, PASS_NAME, fold)
 
 
 def _describe(regions: Regions, graph: torch.fx.Graph) -> list[str]:

@@ -44,15 +44,10 @@ anyway. One description (`Match`) serves both levels; only the softmax recognise
 
 from __future__ import annotations
 
-import logging
-
 import torch
 
-from draftfuse.graph.values import copy_graph_module, level
-from draftfuse.passes.report import PassReport, PassResult
+from draftfuse.passes.report import PassResult, run_on_copy
 from draftfuse.passes.softmax_topk.rewrite import PASS_NAME, check_options, rewrite_graph
-
-log = logging.getLogger(__name__)
 
 
 def rewrite_softmax_topk(
@@ -67,21 +62,7 @@ def rewrite_softmax_topk(
     half_probs: "rewrite" or "keep" (leave selections that read fp16/bf16 probabilities alone).
     """
     check_options(probs, lowering, half_probs)
-    new_gm = copy_graph_module(gm)
-    graph_level = level(new_gm.graph)
-    if log.isEnabledFor(logging.INFO):  # printing a graph costs time: only when shown
-        log.info("%s: %s graph before:\n%s", PASS_NAME, graph_level, new_gm.print_readable(print_output=False))
-    try:
-        report = rewrite_graph(new_gm.graph, probs=probs, lowering=lowering, half_probs=half_probs)
-        new_gm.graph.lint()
-        new_gm.recompile()
-    except Exception as error:  # a pass never breaks a compile: hand back the graph as it came
-        log.warning("%s: internal error, graph left unchanged", PASS_NAME, exc_info=True)
-        report = PassReport(PASS_NAME, notes=[f"internal error, graph left unchanged: {error!r}"])
-        new_gm = copy_graph_module(gm)
-    if log.isEnabledFor(logging.INFO):
-        log.info("%s\n%s graph after:\n%s", report, graph_level, new_gm.print_readable(print_output=False))
-    return PassResult(new_gm, report)
+    return run_on_copy(gm, PASS_NAME, lambda graph: rewrite_graph(graph, probs=probs, lowering=lowering, half_probs=half_probs))
 
 
 __all__ = ["PASS_NAME", "rewrite_graph", "rewrite_softmax_topk"]

@@ -32,17 +32,12 @@ Modules: gather.py (the collective and its group), layout.py (the reassembly, pr
 
 from __future__ import annotations
 
-import logging
-
 import torch
 import torch.distributed as dist
 
-from draftfuse.graph.values import copy_graph_module, level
-from draftfuse.passes.report import PassReport, PassResult
+from draftfuse.passes.report import PassReport, PassResult, run_on_copy
 from draftfuse.passes.vocab_parallel.emit import PASS_NAME
 from draftfuse.passes.vocab_parallel.rewrite import has_gather, rewrite_graph
-
-log = logging.getLogger(__name__)
 
 
 def rewrite_vocab_parallel(
@@ -51,24 +46,7 @@ def rewrite_vocab_parallel(
     """Localise every all_gather -> softmax -> selection of `gm` (Dynamo or ATen graph). Returns a new
     GraphModule (`gm` is untouched) and the report; never raises on a graph (rewrite_graph refuses
     what fails; a graph that then does not lint comes back as it was). Options as rewrite_softmax_topk's."""
-    new_gm = copy_graph_module(gm)
-    _log_graph("before", new_gm)
-    report = rewrite_graph(new_gm.graph, probs=probs, lowering=lowering, half_probs=half_probs)
-    try:
-        new_gm.graph.lint()
-        new_gm.recompile()
-    except Exception as error:
-        log.warning("%s: the rewritten graph is broken, left unchanged", PASS_NAME, exc_info=True)
-        report = PassReport(PASS_NAME, notes=[f"internal error, graph left unchanged: {error!r}"])
-        new_gm = copy_graph_module(gm)
-    log.info("%s", report)
-    _log_graph("after", new_gm)
-    return PassResult(new_gm, report)
-
-
-def _log_graph(when: str, gm: torch.fx.GraphModule) -> None:
-    if log.isEnabledFor(logging.INFO):  # printing a graph costs time: only when shown
-        log.info("%s: %s graph %s:\n%s", PASS_NAME, level(gm.graph), when, gm.print_readable(print_output=False))
+    return run_on_copy(gm, PASS_NAME, lambda graph: rewrite_graph(graph, probs=probs, lowering=lowering, half_probs=half_probs))
 
 
 def dynamo_pass(gm: torch.fx.GraphModule, options) -> PassResult | None:
