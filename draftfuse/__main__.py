@@ -124,8 +124,9 @@ def demo(device: str = "cpu", batch: int = 1, rounds: int = 50) -> None:
         raise SystemExit(1)
 
 
-def explain_file(path: str, argv: list[str]) -> None:
-    """Print `explain` of the draft that `path`'s `explain_target(argv)` returns."""
+def explain_file(path: str, argv: list[str], graphs: bool = False) -> None:
+    """Print `explain` of the draft that `path`'s `explain_target(argv)` returns (with graphs and diffs
+    when asked)."""
     file = Path(path).resolve()
     if not file.is_file():
         raise SystemExit(f"{path}: no such file")
@@ -136,7 +137,7 @@ def explain_file(path: str, argv: list[str]) -> None:
     if not hasattr(module, "explain_target"):
         raise SystemExit(f"{path} has no explain_target(argv) returning (draft function, args, kwargs)")
     fn, args, kwargs = module.explain_target(argv)
-    print(explain(fn, *args, **kwargs))
+    print(explain(fn, *args, **kwargs).format(graphs=graphs))
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -147,13 +148,14 @@ def main(argv: list[str] | None = None) -> None:
     demo_parser.add_argument("--batch", type=int, default=1)
     demo_parser.add_argument("--rounds", type=int, default=50, help="timing rounds (default 50)")
     explain_parser = commands.add_parser("explain", help="what draftfuse does to a file's draft; what stops capture")
+    explain_parser.add_argument("--graphs", action="store_true", help="also print each graph and each pass's diff")
     explain_parser.add_argument("file", help="a Python file defining explain_target(argv)")
     explain_parser.add_argument("target_args", nargs=argparse.REMAINDER, help="arguments for explain_target")
     args = parser.parse_args(argv)
     if args.command == "demo":
         demo(args.device, args.batch, args.rounds)
     else:
-        explain_file(args.file, args.target_args)
+        explain_file(args.file, args.target_args, args.graphs)
 
 
 if __name__ == "__main__":

@@ -98,7 +98,8 @@ def input_name(placeholder: Node) -> str:
     if source is None:
         return argument_name(placeholder)
     name = source.name() if callable(source.name) else source.name  # a method in older torch versions
-    return re.sub(r"L\['([^']+)'\]", r"\1", name)
+    name = re.sub(r"L\['([^']+)'\]", r"\1", name)
+    return re.sub(r"\._(?:modules|parameters|buffers)\['([^']+)'\]", r".\1", name)  # head.layer.attn.k_cache
 
 
 def argument_name(placeholder: Node) -> str:
