@@ -5,7 +5,9 @@ Memory comes from the fake tensors the tracer recorded, not from op names: a nod
 the storages of its fake value (a view shares its base's fake storage, an `out=` result is the out
 tensor's, an in-place method returns its input, `einsum` may return a view of an operand: the fakes
 say which it did for the shapes traced, and Dynamo guards those shapes). A node traced without a fake
-value is assumed to share the memory of every tensor it reads.
+value is assumed to share the memory of every tensor it reads. A rewrite that points a node at other
+inputs (draftfuse.graph.values.rewire) leaves its fake showing the old input's memory: so a view's
+memory is its inputs' memory, by the positions of the inputs it was a view of when traced.
 
 Writes come from the op's schema: the arguments annotated `Tensor(a!)` (in place, `out=`, lists such
 as `_foreach_add_`'s). A Dynamo graph calls torch functions and Tensor methods, not ATen overloads:
@@ -39,7 +41,7 @@ from torch.fx.experimental.symbolic_shapes import free_unbacked_symbols
 from torch.multiprocessing.reductions import StorageWeakRef
 from torch.utils._pytree import tree_leaves
 
-from draftfuse.graph.values import Node, fake
+from draftfuse.graph.values import REWIRED, Node, fake
 
 _IN_PLACE_OPERATORS = frozenset({
     operator.setitem, operator.delitem, operator.iadd, operator.isub, operator.imul, operator.itruediv,
@@ -146,6 +148,9 @@ def defines_unbacked_symbols(node: Node) -> bool:
         return True
 
 
+ALIASES = "draftfuse_aliases"  # node meta: positions of the inputs its value is a view of, as traced
+
+
 def _storages(value: Any) -> frozenset[Any] | None:
     """The storages of every tensor in a fake value; None for a value that is not recorded."""
     keys = set()
@@ -188,6 +193,8 @@ class Effects:
                 self._writes[node] = frozenset()
                 continue
             read_memory = frozenset().union(*(self._memory.get(a, frozenset([a])) for a in reads))
+            if own is not None:
+                own = own | self._aliased_memory(node, own, read_memory)
             written = written_values(node)
             if written is None:
                 self.unknown.add(node)
@@ -205,6 +212,19 @@ class Effects:
         for node, keys in self._writes.items():
             for key in keys:
                 self._writers.setdefault(key, []).append(self.order[node])
+
+    def _aliased_memory(self, node: Node, own: frozenset[Any], read_memory: frozenset[Any]) -> frozenset[Any]:
+        """The memory of the inputs the node's value is a view of. Which inputs those are is recorded
+        (by position) the first time the node is seen, from the fakes as traced; a node a rewrite has
+        pointed at other inputs since keeps the record, and one rewired before any record shares all."""
+        inputs = node.all_input_nodes
+        positions = node.meta.get(ALIASES)
+        if positions is None:
+            if node.meta.get(REWIRED):
+                return read_memory
+            positions = [i for i, a in enumerate(inputs) if own & (_storages(fake(a)) or frozenset())]
+            node.meta[ALIASES] = positions
+        return frozenset().union(*(self._memory.get(inputs[i], frozenset([inputs[i]])) for i in positions if i < len(inputs)))
 
     def memory(self, node: Node) -> frozenset[Any]:
         """The memory the node's value may live in."""

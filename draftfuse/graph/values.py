@@ -153,6 +153,18 @@ def carry_dynamo_metadata(source: torch.fx.GraphModule, target: torch.fx.GraphMo
             new_node._dynamo_source = old_node._dynamo_source
 
 
+REWIRED = "draftfuse_rewired"
+
+
+def rewire(old: Node, new: Node, readers: list[Node] | None = None) -> None:
+    """Point `readers` of `old` (all of them by default) at `new`. Each is marked: the fake value it
+    recorded shows the memory it shared with `old`'s value, not with `new`'s, so draftfuse.graph.effects
+    then assumes it may share the memory of everything it reads."""
+    for reader in list(old.users) if readers is None else readers:
+        reader.meta[REWIRED] = True
+        reader.replace_input_with(old, new)
+
+
 def insert_after(
     after: Node, op: str, target: Any, args: tuple, kwargs: dict | None = None, *, origin: Node, provenance: str
 ) -> Node:

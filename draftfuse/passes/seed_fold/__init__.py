@@ -86,10 +86,10 @@ def _fold(graph: torch.fx.Graph, report: PassReport, value_ranges: dict, drop_bu
     value_ranges |= marked_ranges
     drop_buffer_writes |= marked_drop
     regions = find_regions(graph, Effects(graph))
-    if value_ranges:
-        declare_ranges(graph, Effects(graph), report, value_ranges)
     if regions is None:
-        report.notes.append("no seam: no draftfuse::seam marker and no chain of two or more dependent selections; graph unchanged")
+        report.notes.append("no seam: no draftfuse::seam marker and no chain of two or more dependent selections; no cleanup")
+        if value_ranges:
+            declare_ranges(graph, Effects(graph), report, value_ranges)
         return
     report.notes += _describe(regions, graph)
     remove_seams(graph, Effects(graph), report)
@@ -98,6 +98,8 @@ def _fold(graph: torch.fx.Graph, report: PassReport, value_ranges: dict, drop_bu
         changed |= forward_buffers(graph, Effects(graph), regions, report, drop_buffer_writes)
         if not changed:
             break
+    if value_ranges:  # last: the loop's reads of carried values now read the seed's (and their writes)
+        declare_ranges(graph, Effects(graph), report, value_ranges)
     # Rounds revisit what they refused: keep each refusal once, and only about nodes still there.
     alive = {n.name for n in graph.nodes}
     report.refusals[:] = [r for r in dict.fromkeys(report.refusals) if r.node in alive]

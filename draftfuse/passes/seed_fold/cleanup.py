@@ -20,7 +20,7 @@ import torch
 from torch.fx.experimental.symbolic_shapes import statically_known_true
 
 from draftfuse.graph.effects import Effects
-from draftfuse.graph.values import Node, argument_name, fake, fake_tensor, insert_after, user_location
+from draftfuse.graph.values import Node, argument_name, fake, fake_tensor, insert_after, rewire, user_location
 from draftfuse.passes.report import PassReport, Refusal, Rewrite
 from draftfuse.passes.seed_fold.regions import Regions
 from draftfuse.passes.seed_fold.seam import is_seam
@@ -81,7 +81,7 @@ def remove_seams(graph: torch.fx.Graph, effects: Effects, report: PassReport) ->
         carried = seam.args[0]
         for user in list(seam.users):
             if user.op == "call_function" and user.target is operator.getitem and isinstance(user.args[1], int):
-                user.replace_all_uses_with(carried[user.args[1]])
+                rewire(user, carried[user.args[1]])
         erased = erase_dead(effects, [*seam.users, seam])
         if _alive(seam):  # something other than getitem read the marker's list: leave it
             refuse(report, seam, "the seam marker's output list is used whole; marker kept")
@@ -117,8 +117,7 @@ def declare_ranges(graph: torch.fx.Graph, effects: Effects, report: PassReport, 
             placeholders[-1], "call_function", torch.ops.draftfuse.assume_range.default, (placeholder, low, high, key),
             origin=readers[0], provenance=f"{PASS_NAME}: declared range of {key}",
         )  # fmt: skip
-        for reader in readers:
-            reader.replace_input_with(placeholder, assume)
+        rewire(placeholder, assume, readers)
         bounds = f"[{'-inf' if low is None else low}, {'inf' if high is None else high}]"
         report.rewrites.append(Rewrite("range declared", (placeholder.name,), f"every element of {key} in {bounds}", ""))
 
@@ -158,7 +157,7 @@ def remove_round_trips(graph: torch.fx.Graph, effects: Effects, report: PassRepo
         if reason:
             refuse(report, back, f"host round trip {origin.name} -> {host.name} -> {back.name} kept: {reason}")
             continue
-        back.replace_all_uses_with(origin)
+        rewire(back, origin)
         erased = erase_dead(effects, [back])
         kept = f"; {host.name} stays, something on the host reads it" if _alive(host) else ""
         report.rewrites.append(Rewrite("host round trip removed", tuple(erased), f"readers of {back.name} read {origin.name}{kept}", user_location(back)))
@@ -190,7 +189,7 @@ def remove_item_round_trips(graph: torch.fx.Graph, effects: Effects, report: Pas
             cast = _call(scalar, user, "to", scalar, value.dtype)
             broadcast = _call(cast, user, "expand", cast, tuple(value.shape))
             fresh = _call(broadcast, user, "clone", broadcast, memory_format=torch.contiguous_format)
-            user.replace_all_uses_with(fresh)
+            rewire(user, fresh)
             erased = erase_dead(effects, [user])
             detail = f"{name}({item.name}) -> broadcast of {source.name} on its device"
             report.rewrites.append(Rewrite("host round trip removed", tuple(erased), detail, user_location(user)))
@@ -284,10 +283,9 @@ def forward_buffers(graph: torch.fx.Graph, effects: Effects, regions: Regions, r
         if fake_tensor(source).dtype != fake_tensor(buffer).dtype:  # copy_ converts, as .to does
             replacement = _call(fill, fill, "to", source, fake_tensor(buffer).dtype)
         position = effects.order[fill]
-        for user in list(buffer.users):
-            if user is not fill and effects.order.get(user, position + 1) > position:
-                user.replace_input_with(buffer, replacement)
-        fill.replace_all_uses_with(replacement)
+        later = [u for u in buffer.users if u is not fill and effects.order.get(u, position + 1) > position]
+        rewire(buffer, replacement, later)
+        rewire(fill, replacement)
         names = [buffer.name, fill.name]
         fill_inputs = fill.all_input_nodes  # the buffer, the fill's source and index (an arange, say)
         graph.erase_node(fill)

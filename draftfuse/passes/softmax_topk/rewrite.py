@@ -17,7 +17,7 @@ from torch._dynamo.utils import counters
 
 from draftfuse.graph.effects import Effects
 from draftfuse.graph.selection import as_selection
-from draftfuse.graph.values import Node, fake_tensor, level as graph_level, user_location
+from draftfuse.graph.values import Node, fake_tensor, level as graph_level, rewire, user_location
 from draftfuse.kernels import selection_kernels_available  # registers torch.ops.draftfuse.*
 from draftfuse.passes.report import PassReport, Refusal, Rewrite
 from draftfuse.passes.softmax_topk.emit import HALF, PASS_NAME, AtenEmitter, Emitter, SoftmaxParts, TorchEmitter
@@ -84,7 +84,7 @@ def _kernel_choice(m: Match, wants_values: bool, lowering: str) -> tuple[bool, s
         (wants_values and m.factor != 1.0, "values under a constant temperature"),
         (wants_values and m.prob_dtype == torch.float64, "the kernels' probabilities are float32"),
         (lowering == "auto" and not selection_kernels_available(logits.device, logits.dtype, m.k, logits.stride(-1) == 1),
-         f"they run on CUDA with Triton, k <= 16" + ("" if logits.device.type == "cuda" else f", not on {logits.device.type}")),
+         "they run on CUDA with Triton, k <= 16" + ("" if logits.device.type == "cuda" else f", not on {logits.device.type}")),
     ]  # fmt: skip
     why = [reason for failed, reason in reasons if failed]
     return not why, "; ".join(why)
@@ -159,11 +159,11 @@ def _apply(m: Match, parts: SoftmaxParts, probs: str, lowering: str, erased: set
     index, value, rule, why_not = _emit(m, parts, wants_values, probs, lowering)
     # Emitted: now point the readers at the new nodes (nothing below can fail halfway).
     if not sel.returns_pair:
-        sel.node.replace_all_uses_with(index)
+        rewire(sel.node, index)
     for user in readers[1]:
-        user.replace_all_uses_with(index)
+        rewire(user, index)
     for user in readers[0]:
-        user.replace_all_uses_with(value)
+        rewire(user, value)
     details = [f"dim {m.dim}"]
     if m.tensor_scale is not None:
         details.append(f"temperature tensor {m.tensor_scale.node.name}: the order of x * sign")

@@ -16,7 +16,7 @@ from torch._dynamo.utils import counters
 
 from draftfuse.graph.effects import Effects
 from draftfuse.graph.selection import as_selection
-from draftfuse.graph.values import Node, level as graph_level, user_location
+from draftfuse.graph.values import Node, level as graph_level, rewire, user_location
 from draftfuse.passes.report import PassReport, Refusal, Rewrite
 from draftfuse.passes.softmax_topk.match import Refuse
 from draftfuse.passes.softmax_topk.rewrite import check_options
@@ -36,7 +36,7 @@ def _apply(vm: VocabMatch, emit, probs: str, lowering: str, erased: set[Node]) -
     getitems = list(sel.node.users) if sel.returns_pair else []  # match checked: getitem 0 (values) or 1 (ids)
     index, value, rule, detail = emit_selection(vm, emit, any(g.args[1] == 0 for g in getitems), probs, lowering)
     for reader in getitems or [sel.node]:
-        reader.replace_all_uses_with(value if reader in getitems and reader.args[1] == 0 else index)
+        rewire(reader, value if reader in getitems and reader.args[1] == 0 else index)
     graph = sel.node.graph
     for node in reversed([*vm.pattern, *getitems]):
         if not node.users and node.op != "placeholder" and node not in erased:
