@@ -18,7 +18,9 @@ with Inductor's decompositions and joint-graph passes, as Inductor builds it, th
 softmax -> topk and setup merging; Inductor's own later fusions and code generation are not run), plus
 the passes' reports (`reports`, and `report` as text with node names). `EXPECTTEST_ACCEPT=1` writes the
 expected text into your test. `outputs` are what the post-grad graph computed when run eagerly on
-your arguments, to compare with `fn`'s.
+your arguments, to compare with `fn`'s (where an output is an input the draft writes in place, it
+shows the value after the write). Random ops stay ATen ops in `post_grad`, as with Inductor's
+`fallback_random`.
 The draft runs once (its in-place writes happen, as in any call); `options` are draftfuse's options
 (the backend's keys).
 """
@@ -81,7 +83,10 @@ def _post_grad(gm: torch.fx.GraphModule, example_inputs: list[Any], options: Opt
     from torch._inductor.decomposition import select_decomp_table
 
     def forward_compiler(graph_module: torch.fx.GraphModule, inputs: list[Any]) -> Callable[..., Any]:
-        graph_module = _recursive_joint_graph_passes(graph_module)  # what Inductor runs before post-grad
+        # what Inductor runs before post-grad (random ops stay ATen ops, as with Inductor's fallback_random:
+        # its replacement of them needs a real compile's context)
+        with torch._inductor.config.patch(fallback_random=True):
+            graph_module = _recursive_joint_graph_passes(graph_module)
         graph_module.graph.eliminate_dead_code()
         names = [argument_name(p) for p in gm.graph.find_nodes(op="placeholder")]
         passes = PostGradPass(options, input_names=names)
