@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import torch
 import torch.fx
-from torch._dynamo.testing import normalize_gm
+
+from draftfuse.testing import graph_text  # the helper users' golden tests use, so ours show the same text
 
 
 def dynamo_graph(fn, *args) -> torch.fx.GraphModule:
@@ -19,10 +20,6 @@ def dynamo_graph(fn, *args) -> torch.fx.GraphModule:
     torch.compile(fn, backend=backend, fullgraph=True)(*args)
     assert len(graphs) == 1
     return graphs[0]
-
-
-def graph_text(gm: torch.fx.GraphModule) -> str:
-    return normalize_gm(gm.print_readable(print_output=False))
 
 
 def fx_graph_text(graph: torch.fx.Graph) -> str:
