@@ -61,7 +61,7 @@ verdict: one captured region (1 Dynamo graph(s), 0 graph break(s))
 
 what draftfuse does to the graph:
   [seed_fold] 0 rewrites, 0 refusals
-    note: no seam: no draftfuse::seam marker and no chain of two or more dependent selections; graph unchanged
+    note: no seam: no draftfuse::seam marker and no chain of two or more dependent selections; no cleanup
   [softmax_topk] 2 rewrites, 0 refusals
     examples/medusa_heads.py:36: softmax+topk(k=4) -> topk(logits) (dim 1; probabilities from the exp-sum; not the kernels: they run on CUDA with Triton, k <= 16, not on cpu)
     examples/medusa_heads.py:36: softmax+topk(k=4) -> topk(logits) (dim 1; probabilities from the exp-sum; not the kernels: they run on CUDA with Triton, k <= 16, not on cpu)""")
