@@ -20,3 +20,22 @@ def pytest_collection_modifyitems(config, items):
     for item in items:
         if "cuda" in item.keywords:
             item.add_marker(skip)
+
+
+@pytest.fixture
+def fresh_dynamo():
+    """Each test compiles from nothing and reads counters of its own (`pytestmark = pytest.mark.usefixtures("fresh_dynamo")`)."""
+    from torch._dynamo.utils import counters
+
+    torch._dynamo.reset()
+    counters.clear()
+    yield
+    torch._dynamo.reset()
+
+
+@pytest.fixture(scope="module")
+def slow_run(request):
+    """The long fuzz runs take minutes: they run only when asked for (`-m slow` or DRAFTFUSE_FUZZ=1)."""
+    from tests.fuzz import hyp
+
+    hyp.require_slow(request)  # module scope: hypothesis allows it with @given

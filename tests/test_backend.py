@@ -20,16 +20,11 @@ from draftfuse.options import Options
 from draftfuse.passes.post_grad import PostGradPass
 from draftfuse.runtime import backend, pipeline
 
+pytestmark = pytest.mark.usefixtures("fresh_dynamo")
+
 
 def _pick(x):
     return torch.softmax(x, dim=-1).topk(1, dim=-1)[1]
-
-
-@pytest.fixture(autouse=True)
-def _fresh_dynamo():
-    torch._dynamo.reset()
-    yield
-    torch._dynamo.reset()
 
 
 @pytest.fixture

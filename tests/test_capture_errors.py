@@ -24,6 +24,8 @@ from draftfuse.runtime.errors import (
     RecompileError,
 )
 
+pytestmark = pytest.mark.usefixtures("fresh_dynamo")
+
 THIS_FILE = pathlib.Path(__file__).resolve()
 
 
@@ -33,13 +35,6 @@ def _line(marker: str) -> str:
         if text.rstrip().endswith(f"# <- {marker}"):
             return f"{THIS_FILE}:{number}"
     raise AssertionError(f"no line marked {marker!r}")
-
-
-@pytest.fixture(autouse=True)
-def _fresh_dynamo():
-    torch._dynamo.reset()
-    yield
-    torch._dynamo.reset()
 
 
 def _raises(error_type: type[DraftCaptureError], draft, *args, **kwargs) -> DraftCaptureError:

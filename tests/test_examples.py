@@ -18,12 +18,7 @@ import draft_model  # noqa: E402
 import eagle_head  # noqa: E402
 import medusa_heads  # noqa: E402
 
-
-@pytest.fixture(autouse=True)
-def _fresh_dynamo():
-    torch._dynamo.reset()
-    yield
-    torch._dynamo.reset()
+pytestmark = pytest.mark.usefixtures("fresh_dynamo")
 
 
 @pytest.mark.slow

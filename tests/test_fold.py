@@ -12,14 +12,9 @@ from draftfuse.runtime.draft_loop import draft_loop
 from draftfuse.runtime.fold import _by_keyword, fold
 from tests.test_seed_fold import frozen_args, server_loop, server_seed
 
+pytestmark = pytest.mark.usefixtures("fresh_dynamo")
+
 V, H = 16, 8
-
-
-@pytest.fixture(autouse=True)
-def _fresh_dynamo():
-    torch._dynamo.reset()
-    yield
-    torch._dynamo.reset()
 
 
 class Worker:

@@ -70,11 +70,6 @@ def test_fold_matches_eager(program):
     _fold(program)
 
 
-@pytest.fixture(scope="module")
-def slow_run(request):
-    hyp.require_slow(request)  # module scope: hypothesis allows it with @given
-
-
 # ---- long runs: `python -m pytest -m slow tests/test_fuzz_seed_fold.py` ----
 
 

@@ -95,11 +95,6 @@ def test_backend_matches_eager(program):
     _backend(program)
 
 
-@pytest.fixture(scope="module")
-def slow_run(request):
-    hyp.require_slow(request)  # module scope: hypothesis allows it with @given
-
-
 # ---- long runs: `python -m pytest -m slow tests/test_fuzz_selection.py` ----
 
 

@@ -26,15 +26,7 @@ from tests._oracle import ulp
 from tests.real_code import eagle_tree, hazards, hf_draft, marker_line, medusa, sglang_eagle, vllm_sampling
 
 # draft_loop warns once per draft that CUDA graphs need CUDA: expected on this CPU suite.
-pytestmark = pytest.mark.filterwarnings("ignore:draftfuse. draft .* runs on the CPU")
-
-
-@pytest.fixture(autouse=True)
-def _fresh_dynamo():
-    torch._dynamo.reset()
-    counters.clear()
-    yield
-    torch._dynamo.reset()
+pytestmark = [pytest.mark.filterwarnings("ignore:draftfuse. draft .* runs on the CPU"), pytest.mark.usefixtures("fresh_dynamo")]
 
 
 # ---- helpers -------------------------------------------------------------------------------------

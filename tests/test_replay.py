@@ -16,7 +16,7 @@ from torch import nn
 import draftfuse
 from draftfuse.runtime.errors import CudagraphSkipError
 
-pytestmark = pytest.mark.filterwarnings("ignore:draftfuse. draft .* runs on the CPU")
+pytestmark = [pytest.mark.filterwarnings("ignore:draftfuse. draft .* runs on the CPU"), pytest.mark.usefixtures("fresh_dynamo")]
 
 
 class Head(nn.Module):
@@ -38,13 +38,6 @@ def draft(head, hidden, cache, position, steps: int = 3):
         cache.index_copy_(0, position + step, hidden[:1])
         tokens.append(torch.softmax(logits, -1).argmax(-1))
     return torch.stack(tokens, 1), hidden, steps
-
-
-@pytest.fixture(autouse=True)
-def _fresh_dynamo():
-    torch._dynamo.reset()
-    yield
-    torch._dynamo.reset()
 
 
 def make():

@@ -15,17 +15,9 @@ from draftfuse.runtime.draft_loop import draft_loop
 from draftfuse.runtime.errors import CudagraphSkipError
 from tests._tiny_draft import BATCH, HIDDEN, VOCAB, draft, make_inputs
 
-pytestmark = pytest.mark.cuda
+pytestmark = [pytest.mark.cuda, pytest.mark.usefixtures("fresh_dynamo")]
 
 _WARM_CALLS = 3  # warm-up, record, first replay
-
-
-@pytest.fixture(autouse=True)
-def _fresh_dynamo():
-    torch._dynamo.reset()
-    counters.clear()
-    yield
-    torch._dynamo.reset()
 
 
 def _other_inputs(seed: int):
