@@ -32,10 +32,3 @@ def fresh_dynamo():
     yield
     torch._dynamo.reset()
 
-
-@pytest.fixture(scope="module")
-def slow_run(request):
-    """The long fuzz runs take minutes: they run only when asked for (`-m slow` or DRAFTFUSE_FUZZ=1)."""
-    from tests.fuzz import hyp
-
-    hyp.require_slow(request)  # module scope: hypothesis allows it with @given

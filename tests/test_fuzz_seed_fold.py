@@ -19,77 +19,30 @@ CI runs small deterministic samples; `python -m pytest -m slow tests/test_fuzz_s
 """
 
 import pytest
-from hypothesis import given
 
 from tests.fuzz import hyp, seed_fold
 from tests.fuzz.common import hypothesis_strategy, pipeline_available
 
 PROGRAMS = hypothesis_strategy(seed_fold.generate)
-
-
-def _pass(program, **kwargs):
-    hyp.check(seed_fold.check_pass, program, "pass", seed_fold.CaptureUnsupported, **kwargs)
-
-
-def _pipeline(program):
-    hyp.check(seed_fold.check_pipeline, program, "pipeline", seed_fold.CaptureUnsupported)
-
-
 needs_pipeline = pytest.mark.skipif(not pipeline_available(), reason="this draftfuse has no draftfuse.testing.draft_graphs")
 
-
-def _fold(program):
-    hyp.check(seed_fold.check_fold, program, "fold", seed_fold.CaptureUnsupported)
-
-
-# ---- CI samples (about 60 s together on a 2-core CPU) ----
-
-
-@hyp.ci(100)
-@given(PROGRAMS)
-def test_fold_seed_pass_matches_eager(program):
-    _pass(program)
+RUNS = {
+    "pass": hyp.Run(PROGRAMS, seed_fold.check_pass, ci=100, slow=2000),
+    "pass-ranges-as-argument": hyp.Run(PROGRAMS, seed_fold.check_pass, ci=25, options={"direct_ranges": True}),
+    "pipeline": hyp.Run(PROGRAMS, seed_fold.check_pipeline, ci=40, slow=2000, shrink=False, marks=(needs_pipeline,)),
+    "fold": hyp.Run(PROGRAMS, seed_fold.check_fold, ci=3, slow=40, shrink=False),
+}
 
 
-@hyp.ci(25)
-@given(PROGRAMS)
-def test_fold_seed_pass_with_ranges_as_argument(program):
-    _pass(program, direct_ranges=True)
-
-
-@needs_pipeline
-@hyp.ci(40, shrink=False)
-@given(PROGRAMS)
-def test_pipeline_matches_eager(program):
-    _pipeline(program)
-
-
-@hyp.ci(3, shrink=False)
-@given(PROGRAMS)
-def test_fold_matches_eager(program):
-    _fold(program)
-
-
-# ---- long runs: `python -m pytest -m slow tests/test_fuzz_seed_fold.py` ----
+@pytest.mark.parametrize("name", hyp.params(RUNS, slow=False))
+def test_ci_sample(name):
+    """About 60 s together on a 2-core CPU."""
+    hyp.sample(RUNS[name], name, seed_fold.CaptureUnsupported)
 
 
 @pytest.mark.slow
-@hyp.slow(2000)
-@given(program=PROGRAMS)
-def test_slow_fold_seed_pass_matches_eager(slow_run, program):
-    _pass(program)
-
-
-@pytest.mark.slow
-@needs_pipeline
-@hyp.slow(2000)
-@given(program=PROGRAMS)
-def test_slow_pipeline_matches_eager(slow_run, program):
-    _pipeline(program)
-
-
-@pytest.mark.slow
-@hyp.slow(40)
-@given(program=PROGRAMS)
-def test_slow_fold_matches_eager(slow_run, program):
-    _fold(program)
+@pytest.mark.parametrize("name", hyp.params(RUNS, slow=True))
+def test_slow_run(request, name):
+    """`python -m pytest -m slow tests/test_fuzz_seed_fold.py`"""
+    hyp.require_slow(request)
+    hyp.sample(RUNS[name], name, seed_fold.CaptureUnsupported, slow=True)

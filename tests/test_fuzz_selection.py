@@ -19,116 +19,33 @@ CI runs small deterministic samples; `python -m pytest -m slow tests/test_fuzz_s
 """
 
 import pytest
-from hypothesis import given
 
 from tests.fuzz import hyp, selection
 from tests.fuzz.common import hypothesis_strategy, pipeline_available
 
 PROGRAMS = hypothesis_strategy(selection.generate)
 HANDWRITTEN = hypothesis_strategy(selection.generate_handwritten)
-
-
-def _dynamo(program):
-    hyp.check(selection.check_dynamo, program, "dynamo", selection.CaptureUnsupported)
-
-
-def _expect(program):
-    hyp.check(selection.check_dynamo, program, "dynamo", selection.CaptureUnsupported, expect_rewrites=True)
-
-
-def _aten(program):
-    hyp.check(selection.check_aten, program, "aten", selection.CaptureUnsupported)
-
-
-def _handwritten(program):
-    hyp.check(selection.check_handwritten, program, "handwritten", selection.CaptureUnsupported)
-
-
-def _pipeline(program):
-    hyp.check(selection.check_pipeline, program, "pipeline", selection.CaptureUnsupported)
-
-
 needs_pipeline = pytest.mark.skipif(not pipeline_available(), reason="this draftfuse has no draftfuse.testing.draft_graphs")
 
-
-def _backend(program):
-    hyp.check(selection.check_backend, program, "backend", selection.CaptureUnsupported)
-
-
-# ---- CI samples (about 60 s together on a 2-core CPU) ----
-
-
-@hyp.ci(200)
-@given(PROGRAMS)
-def test_dynamo_rewrite_matches_eager(program):
-    _dynamo(program)
+RUNS = {
+    "dynamo": hyp.Run(PROGRAMS, selection.check_dynamo, ci=200, slow=2000),
+    "expect": hyp.Run(PROGRAMS, selection.check_dynamo, ci=100, options={"expect_rewrites": True}),  # the README's forms are rewritten
+    "aten": hyp.Run(PROGRAMS, selection.check_aten, ci=60, slow=2000),
+    "handwritten": hyp.Run(HANDWRITTEN, selection.check_handwritten, ci=250, slow=2000),
+    "pipeline": hyp.Run(PROGRAMS, selection.check_pipeline, ci=40, slow=2000, shrink=False, marks=(needs_pipeline,)),
+    "backend": hyp.Run(PROGRAMS, selection.check_backend, ci=4, slow=40, shrink=False),
+}
 
 
-@hyp.ci(100)
-@given(PROGRAMS)
-def test_supported_forms_are_rewritten(program):
-    _expect(program)
-
-
-@hyp.ci(60)
-@given(PROGRAMS)
-def test_aten_rewrite_matches_unrewritten(program):
-    _aten(program)
-
-
-@hyp.ci(250)
-@given(HANDWRITTEN)
-def test_handwritten_post_grad_forms(program):
-    _handwritten(program)
-
-
-@needs_pipeline
-@hyp.ci(40, shrink=False)
-@given(PROGRAMS)
-def test_pipeline_matches_eager(program):
-    _pipeline(program)
-
-
-@hyp.ci(4, shrink=False)
-@given(PROGRAMS)
-def test_backend_matches_eager(program):
-    _backend(program)
-
-
-# ---- long runs: `python -m pytest -m slow tests/test_fuzz_selection.py` ----
+@pytest.mark.parametrize("name", hyp.params(RUNS, slow=False))
+def test_ci_sample(name):
+    """About 60 s together on a 2-core CPU."""
+    hyp.sample(RUNS[name], name, selection.CaptureUnsupported)
 
 
 @pytest.mark.slow
-@hyp.slow(2000)
-@given(program=PROGRAMS)
-def test_slow_dynamo_rewrite_matches_eager(slow_run, program):
-    _dynamo(program)
-
-
-@pytest.mark.slow
-@hyp.slow(2000)
-@given(program=PROGRAMS)
-def test_slow_aten_rewrite_matches_unrewritten(slow_run, program):
-    _aten(program)
-
-
-@pytest.mark.slow
-@hyp.slow(2000)
-@given(program=HANDWRITTEN)
-def test_slow_handwritten_post_grad_forms(slow_run, program):
-    _handwritten(program)
-
-
-@pytest.mark.slow
-@needs_pipeline
-@hyp.slow(2000)
-@given(program=PROGRAMS)
-def test_slow_pipeline_matches_eager(slow_run, program):
-    _pipeline(program)
-
-
-@pytest.mark.slow
-@hyp.slow(40)
-@given(program=PROGRAMS)
-def test_slow_backend_matches_eager(slow_run, program):
-    _backend(program)
+@pytest.mark.parametrize("name", hyp.params(RUNS, slow=True))
+def test_slow_run(request, name):
+    """`python -m pytest -m slow tests/test_fuzz_selection.py`"""
+    hyp.require_slow(request)
+    hyp.sample(RUNS[name], name, selection.CaptureUnsupported, slow=True)

@@ -4,9 +4,11 @@ so that a failure prints a reproducer (the generated source and its inputs as li
 from __future__ import annotations
 
 import os
+import zlib
+from typing import Any, Callable, NamedTuple
 
 import pytest
-from hypothesis import HealthCheck, Phase, note, reject, settings
+from hypothesis import HealthCheck, Phase, given, note, reject, seed, settings
 
 from tests.fuzz.common import Failure
 
@@ -14,14 +16,14 @@ _QUIET = [HealthCheck.too_slow, HealthCheck.filter_too_much, HealthCheck.data_to
 
 
 def ci(examples: int, shrink: bool = True) -> settings:
-    """A CI sample: the same examples on every run (derandomize), no example database. shrink=False
+    """A CI sample: the same examples on every run, no example database. shrink=False
     for oracles that compile (a shrink runs the oracle hundreds of times): the failing example is
     printed as generated, still a runnable reproducer."""
     phases = tuple(p for p in Phase if shrink or p not in (Phase.shrink, Phase.explain))
     return settings(max_examples=examples, deadline=None, derandomize=True, database=None, suppress_health_check=_QUIET, print_blob=True, phases=phases)
 
 
-def slow(examples: int) -> settings:
+def slow_settings(examples: int) -> settings:
     """A long run: random examples (the failing ones are saved in .hypothesis/ and replayed first)."""
     return settings(max_examples=examples, deadline=None, suppress_health_check=_QUIET, print_blob=True)
 
@@ -43,3 +45,37 @@ def check(oracle, program, name: str, unsupported: type[Exception], **kwargs):
         reject()
     except Failure as failure:
         raise AssertionError(f"{failure}\n\n--- reproducer ---\n{program.reproducer(name)}\n--- end ---") from None
+
+
+
+class Run(NamedTuple):
+    """One oracle's fuzz runs: `ci` examples in CI (the same ones on every run), `slow` in a long
+    run (None: no long run). Oracles that compile don't shrink in CI (a shrink runs the oracle
+    hundreds of times): their failures print as generated, still runnable reproducers."""
+
+    programs: Any  # a hypothesis strategy
+    oracle: Callable
+    ci: int
+    slow: int | None = None
+    shrink: bool = True
+    options: dict = {}
+    marks: tuple = ()
+
+
+def params(runs: dict[str, Run], slow: bool) -> list:
+    """pytest params: the names of `runs` (those with a long run, for slow)."""
+    return [pytest.param(name, marks=run.marks, id=name) for name, run in runs.items() if not slow or run.slow]
+
+
+def sample(run: Run, name: str, unsupported: type[Exception], slow: bool = False) -> None:
+    """Checks run.ci (slow: run.slow) programs with the oracle, as `check` does. A CI sample is
+    seeded by `name`; a long run draws new programs each time."""
+
+    @given(run.programs)
+    def test(program):
+        check(run.oracle, program, name, unsupported, **run.options)
+
+    if slow:
+        slow_settings(run.slow)(test)()
+    else:
+        seed(zlib.crc32(name.encode()))(ci(run.ci, run.shrink)(test))()
