@@ -9,7 +9,6 @@ import sys
 from pathlib import Path
 
 import pytest
-import torch
 
 # The examples import their sibling modules (_common, _layers) the way a script does.
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "examples"))

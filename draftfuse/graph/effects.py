@@ -68,11 +68,11 @@ def _aten_packet(name: str) -> torch._ops.OpOverloadPacket | None:
     return packet if isinstance(packet, torch._ops.OpOverloadPacket) else None
 
 
-def _schemas(node: Node) -> list[torch.FunctionSchema] | None:
-    """The ATen schemas a call may run; None when the call resolves to no op."""
+def _overloads(node: Node) -> list[torch._ops.OpOverload] | None:
+    """The ATen overloads a call may run; None when the call resolves to no op."""
     target = node.target
     if isinstance(target, torch._ops.OpOverload):
-        return [target._schema]
+        return [target]
     if node.op == "call_method":
         packet = _aten_packet(str(target))
     elif isinstance(target, torch._ops.OpOverloadPacket):
@@ -83,7 +83,7 @@ def _schemas(node: Node) -> list[torch.FunctionSchema] | None:
         packet = None
     if packet is None:
         return None
-    return [getattr(packet, overload)._schema for overload in packet.overloads()]
+    return [getattr(packet, overload) for overload in packet.overloads()]
 
 
 def _is_plain_python(node: Node) -> bool:
@@ -111,11 +111,11 @@ def written_values(node: Node) -> list[Node] | None:
     written: list[Node] = []
     if node.kwargs.get("inplace") is True and node.args and isinstance(node.args[0], Node):
         written.append(node.args[0])  # F.relu(x, inplace=True) and friends
-    schemas = _schemas(node)
-    if schemas is None:
+    overloads = _overloads(node)
+    if overloads is None:
         return written if _is_plain_python(node) else None
-    for schema in schemas:
-        for position, argument in enumerate(schema.arguments):
+    for overload in overloads:
+        for position, argument in enumerate(overload._schema.arguments):
             if argument.alias_info is not None and argument.alias_info.is_write:
                 written += [a for a in tree_leaves(_argument(node, position, argument)) if isinstance(a, Node)]
     return list(dict.fromkeys(written))
@@ -125,15 +125,10 @@ def is_random(node: Node) -> bool:
     """Whether the node may draw random numbers (an unknown call may)."""
     if node.op not in ("call_function", "call_method"):
         return node.op == "call_module"
-    schemas = _schemas(node)
-    if schemas is None:
+    overloads = _overloads(node)
+    if overloads is None:
         return not _is_plain_python(node)
-    if isinstance(node.target, torch._ops.OpOverload):
-        return torch.Tag.nondeterministic_seeded in node.target.tags
-    packet = node.target if isinstance(node.target, torch._ops.OpOverloadPacket) else None
-    name = str(node.target) if node.op == "call_method" else getattr(node.target, "__name__", "")
-    packet = packet or _aten_packet(name)
-    return any(torch.Tag.nondeterministic_seeded in getattr(packet, o).tags for o in packet.overloads())
+    return any(torch.Tag.nondeterministic_seeded in overload.tags for overload in overloads)
 
 
 def defines_unbacked_symbols(node: Node) -> bool:
@@ -183,8 +178,7 @@ class Effects:
             self.order[node] = position
             if node.op == "output":
                 continue
-            recorded = ("val" in node.meta or "example_value" in node.meta) and _storages(fake(node)) is not None
-            own = _storages(fake(node)) if recorded else None
+            own = _storages(fake(node)) if ("val" in node.meta or "example_value" in node.meta) else None
             reads = _reads_memory(node)
             if node.op in ("placeholder", "get_attr"):
                 own = own if own else frozenset([node])  # a tensor input without a fake: its own memory
@@ -236,6 +230,16 @@ class Effects:
 
     def may_share(self, a: Node, b: Node) -> bool:
         return bool(self.memory(a) & self.memory(b))
+
+    def returned_memory(self) -> frozenset[Any]:
+        """The memory the graph's outputs live in, read from the output node as it is now."""
+        return frozenset().union(*(self.memory(n) for n in self.graph.output_node().all_input_nodes))
+
+    def would_alias(self, replaced: Node, replacement: Node) -> bool:
+        """Reading `replacement` where `replaced` was read would hand the caller an output that shares
+        memory with an input or with another output, where it had a tensor of its own."""
+        returned = self.returned_memory()
+        return bool(self.memory(replaced) & returned) and bool(self.memory(replacement) & (returned | self.inputs))
 
     def writers(self, values: Iterable[Node], after: Node | int, before: Node | int | None = None) -> list[Node]:
         """Nodes strictly between `after` and `before` (graph order; None: the end) that may write the

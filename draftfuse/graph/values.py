@@ -56,6 +56,21 @@ def is_call(node: Any, target: Any) -> bool:
     return isinstance(node, Node) and node.op == "call_function" and node.target is target
 
 
+def is_integer(value: Any) -> bool:
+    """An integer tensor: bool is left out (its arithmetic saturates), floats too (not associative)."""
+    if not isinstance(value, torch.Tensor):
+        return False
+    return not (value.dtype.is_floating_point or value.dtype.is_complex or value.dtype == torch.bool)
+
+
+def same_sizes(a: Any, b: Any) -> bool:
+    """Two size (or stride) lists known equal for every value of their symbols."""
+    from torch.fx.experimental.symbolic_shapes import statically_known_true
+
+    a, b = list(a), list(b)
+    return len(a) == len(b) and all(statically_known_true(x == y) for x, y in zip(a, b))
+
+
 def target_key(node: Node) -> Any:
     """What a call node calls: the callable (call_function) or the method name (call_method)."""
     return node.target if node.op in ("call_function", "call_method") else None

@@ -75,23 +75,15 @@ def _key(node: Node) -> tuple:
     return (node.op, node.target, _freeze(node.args), _freeze(dict(node.kwargs)), _signature(fake(node)))
 
 
-def _returned(graph: torch.fx.Graph, effects: Effects) -> set:
-    output = next(n for n in reversed(graph.nodes) if n.op == "output")
-    return set().union(*(effects.memory(n) for n in output.all_input_nodes))
-
-
 def _mergeable(node: Node, effects: Effects) -> bool:
     return effects.is_pure(node) and bool(node.users)
 
 
-def _merge(kept: Node, twin: Node, effects: Effects, returned: set) -> bool:
+def _merge(kept: Node, twin: Node, effects: Effects) -> bool:
     """Point twin's readers at kept; False (nothing done) when the caller would get one tensor where it
-    had two, or when something writes what either reads in between. `returned` (the memory the outputs
-    share) grows when kept takes twin's place among them."""
-    if effects.memory(twin) & returned:
-        if effects.memory(kept) & returned or effects.memory(kept) & effects.inputs:
-            return False
-        returned |= effects.memory(kept)
+    had two, or when something writes what either reads in between."""
+    if effects.would_alias(twin, kept):
+        return False
     if effects.writers([*kept.all_input_nodes, *twin.all_input_nodes, kept], kept, twin):
         return False
     twin.replace_all_uses_with(kept)
@@ -101,7 +93,6 @@ def _merge(kept: Node, twin: Node, effects: Effects, returned: set) -> bool:
 
 def _merge_identical(graph: torch.fx.Graph, report: PassReport) -> bool:
     effects, changed = Effects(graph), False
-    returned = _returned(graph, effects)
     seen: dict[tuple, Node] = {}
     merged: dict[str, list[str]] = collections.defaultdict(list)
     for node in list(graph.nodes):
@@ -112,7 +103,7 @@ def _merge_identical(graph: torch.fx.Graph, report: PassReport) -> bool:
         except _Unkeyable:
             continue
         kept = seen.setdefault(key, node)
-        if kept is not node and _merge(kept, node, effects, returned):
+        if kept is not node and _merge(kept, node, effects):
             merged[user_location(node) or user_location(kept)].append(node.name)
             changed = True
     for where, names in merged.items():
@@ -175,7 +166,6 @@ def _hint(expr: sympy.Expr, exprs: Expressions) -> str:
 def _merge_proven(graph: torch.fx.Graph, assumed: dict[Node, ValueRanges], names: dict[Node, str], report: PassReport) -> bool:
     effects, exprs = Effects(graph), Expressions(graph, assumed)
     exprs.names = names
-    returned = _returned(graph, effects)
     groups: dict[tuple, list[tuple[Node, sympy.Expr]]] = collections.defaultdict(list)
     candidates = []
     for node in graph.nodes:
@@ -203,7 +193,7 @@ def _merge_proven(graph: torch.fx.Graph, assumed: dict[Node, ValueRanges], names
             report.refusals.append(Refusal(node.name, f"kept {_show(expr, exprs)}: sympy could not decide ({error})", user_location(node)))
             continue
         proven = next((o for o in outcomes if o[2]), None)
-        if proven is not None and _merge(proven[0], node, effects, returned):
+        if proven is not None and _merge(proven[0], node, effects):
             used = [x for x in (expr, proven[1]) if x.free_symbols & exprs.narrowed]
             given = _given(used[0], exprs, exprs.narrowed) if used else ""
             detail = f"{_show(expr, exprs)} == {_show(proven[1], exprs)}{given}"

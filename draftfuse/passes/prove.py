@@ -41,7 +41,7 @@ from torch.utils._sympy.functions import FloorDiv, Max, Min, PythonMod
 from torch.utils._sympy.value_ranges import ValueRanges, bound_sympy
 
 from draftfuse.graph.selection import as_selection
-from draftfuse.graph.values import Node, fake, fake_tensor
+from draftfuse.graph.values import Node, fake, fake_tensor, is_integer, same_sizes
 
 aten = torch.ops.aten
 prims = torch.ops.prims
@@ -65,13 +65,6 @@ _REARRANGE = {
 
 class ProofError(Exception):
     """sympy failed on a decision (comparisons it cannot make): the proof is not made."""
-
-
-def is_integer(value: Any) -> bool:
-    """An integer tensor: bool is left out (its arithmetic saturates), floats too (not associative)."""
-    if not isinstance(value, torch.Tensor):
-        return False
-    return not (value.dtype.is_floating_point or value.dtype.is_complex or value.dtype == torch.bool)
 
 
 def dtype_range(dtype: torch.dtype) -> ValueRanges:
@@ -183,43 +176,43 @@ class Expressions:
             return value.node.expr
         return None
 
-    def _operand(self, arg: Any, result: torch.Tensor, decides: bool) -> sympy.Expr | None:
+    def _operand(self, arg: Any, result: torch.Tensor) -> sympy.Expr | None:
         """An operand's expression as the result's dtype sees it; None when it does not translate, or
-        when its true value is needed (`decides`, or a narrower dtype sign-extended) but may have wrapped."""
+        when a narrower dtype, sign-extended, may have wrapped."""
         scalar = self._scalar(arg)
         if scalar is not None or not isinstance(arg, Node):
             return scalar
         value = fake_tensor(arg)
         if not is_integer(value):
             return None
-        same_shape = value.dim() == result.dim() and all(statically_known_true(a == b) for a, b in zip(value.shape, result.shape))
-        if not (same_shape or statically_known_true(value.numel() == 1)):
+        if not (same_sizes(value.shape, result.shape) or statically_known_true(value.numel() == 1)):
             return None  # broadcast across dims: one symbol would stand for different elements
         widened = torch.iinfo(value.dtype).bits < torch.iinfo(result.dtype).bits
-        if (decides or widened) and not self.exact(arg):
+        if widened and not self.exact(arg):
             return None
         return self.of(arg)
 
     def _arithmetic(self, node: Node, value: torch.Tensor) -> sympy.Expr | None:
         target, args, kwargs = node.target, list(node.args), dict(node.kwargs)
 
-        undecided = []
+        undecided = False
 
         def operands(*items: Any, decides: bool = False) -> list[sympy.Expr] | None:
-            exprs = [self._operand(a, value, False) for a in items]
+            nonlocal undecided
+            exprs = [self._operand(a, value) for a in items]
             if any(e is None for e in exprs):
                 return None
             if decides and not all(self.exact(a) for a in items):
-                undecided.append(exprs)  # the decision needs true values, and one may have wrapped
+                undecided = True  # the decision needs true values, and one may have wrapped
             return exprs
 
-        expr = self._decision_or_ring(node, value, target, args, kwargs, operands)
+        expr = self._decision_or_ring(target, args, kwargs, operands)
         if undecided:
             self.undecided[node] = expr  # what it would be: kept for the report, not used in proofs
             return None
         return expr
 
-    def _decision_or_ring(self, node: Node, value: torch.Tensor, target: Any, args: list, kwargs: dict, operands: Any) -> sympy.Expr | None:
+    def _decision_or_ring(self, target: Any, args: list, kwargs: dict, operands: Any) -> sympy.Expr | None:
 
         if target in _ADD | _SUB and len(args) == 2 and set(kwargs) <= {"alpha"}:
             alpha = kwargs.get("alpha", 1)

@@ -20,7 +20,7 @@ import torch
 from torch.fx.experimental.symbolic_shapes import statically_known_true
 
 from draftfuse.graph.effects import Effects
-from draftfuse.graph.values import Node, argument_name, fake, fake_tensor, insert_after, rewire, user_location
+from draftfuse.graph.values import Node, argument_name, fake, fake_tensor, insert_after, is_integer, rewire, same_sizes, user_location
 from draftfuse.passes.report import PassReport, Refusal, Rewrite
 from draftfuse.passes.seed_fold.regions import Regions
 from draftfuse.passes.seed_fold.seam import is_seam
@@ -52,20 +52,6 @@ def erase_dead(effects: Effects, nodes: Iterable[Node]) -> list[str]:
 
 def _alive(node: Node) -> bool:
     return not getattr(node, "_erased", False)
-
-
-def _shares_output(effects: Effects, graph: torch.fx.Graph, node: Node) -> bool:
-    output = next(n for n in reversed(graph.nodes) if n.op == "output")
-    returned = frozenset().union(*(effects.memory(n) for n in output.all_input_nodes))
-    return bool(effects.memory(node) & returned)
-
-
-def _would_share(effects: Effects, graph: torch.fx.Graph, replaced: Node, replacement: Node) -> bool:
-    """Reading `replacement` where `replaced` was read would make an output share memory with an input
-    or another output."""
-    if not _shares_output(effects, graph, replaced):
-        return False
-    return _shares_output(effects, graph, replacement) or bool(effects.memory(replacement) & effects.inputs)
 
 
 def _call(after: Node, origin: Node, method: str, *args: Any, **kwargs: Any) -> Node:
@@ -101,7 +87,7 @@ def declare_ranges(graph: torch.fx.Graph, effects: Effects, report: PassReport, 
             continue
         placeholder = found[0]
         value = fake_tensor(placeholder)
-        if value is None or value.dtype.is_floating_point or value.dtype.is_complex or value.dtype == torch.bool:
+        if not is_integer(value):
             report.notes.append(f"value_ranges: {key!r} is not an integer tensor; its range is unused")
             continue
         if placeholder in written:
@@ -152,7 +138,7 @@ def remove_round_trips(graph: torch.fx.Graph, effects: Effects, report: PassRepo
         reason = None
         if effects.writers([origin], host) or effects.written_after(host) or effects.written_after(back):
             reason = "a tensor of the round trip is written in place after the copy"
-        elif _would_share(effects, graph, back, origin):
+        elif effects.would_alias(back, origin):
             reason = f"{back.name} is returned and {origin.name} is an input or an output: they would share memory"
         if reason:
             refuse(report, back, f"host round trip {origin.name} -> {host.name} -> {back.name} kept: {reason}")
@@ -201,14 +187,9 @@ def remove_item_round_trips(graph: torch.fx.Graph, effects: Effects, report: Pas
 # Buffers filled across the seam.
 
 
-def _same_sizes(a: Iterable, b: Iterable) -> bool:
-    a, b = list(a), list(b)
-    return len(a) == len(b) and all(statically_known_true(x == y) for x, y in zip(a, b))
-
-
 def _same_layout(a: torch.Tensor, b: torch.Tensor) -> bool:
     same_place = a.dtype == b.dtype and a.device == b.device
-    return same_place and _same_sizes(a.shape, b.shape) and _same_sizes(a.stride(), b.stride())
+    return same_place and same_sizes(a.shape, b.shape) and same_sizes(a.stride(), b.stride())
 
 
 def _full_fill(node: Node) -> tuple[Node, Node] | None:
@@ -230,7 +211,7 @@ def _full_fill(node: Node) -> tuple[Node, Node] | None:
     if not isinstance(buffer, Node) or not isinstance(source, Node):
         return None
     buffer_value, source_value = fake_tensor(buffer), fake_tensor(source)
-    if buffer_value is None or source_value is None or not _same_sizes(buffer_value.shape, source_value.shape):
+    if buffer_value is None or source_value is None or not same_sizes(buffer_value.shape, source_value.shape):
         return None
     return buffer, source
 
@@ -273,9 +254,9 @@ def forward_buffers(graph: torch.fx.Graph, effects: Effects, regions: Regions, r
                 option = f" (drop_buffer_writes=True drops it if nothing reads {caller.name} after the draft)" if buffer is caller else ""
                 refuse(report, fill, f"write into caller-visible {caller.name} kept{option}")
                 continue
-        elif not _is_fresh_allocation(graph, effects, buffer):
+        elif not _is_fresh_allocation(effects, buffer):
             continue  # overwriting a computed tensor or a view is real work
-        reason = why_not_forward(graph, effects, buffer, source, fill, caller is not None)
+        reason = why_not_forward(effects, buffer, source, fill, caller is not None)
         if reason:
             refuse(report, fill, f"{buffer.name} filled from {source.name} kept: {reason}")
             continue
@@ -296,7 +277,7 @@ def forward_buffers(graph: torch.fx.Graph, effects: Effects, regions: Regions, r
     return changed
 
 
-def _is_fresh_allocation(graph: torch.fx.Graph, effects: Effects, buffer: Node) -> bool:
+def _is_fresh_allocation(effects: Effects, buffer: Node) -> bool:
     """A pure call whose value lives in memory of its own: no earlier value shares it."""
     if not effects.is_pure(buffer):
         return False  # an in-place result, an unknown call, a random draw (dropping it shifts the stream)
@@ -305,12 +286,12 @@ def _is_fresh_allocation(graph: torch.fx.Graph, effects: Effects, buffer: Node) 
     return bool(mine) and not any(effects.memory(n) & mine for n, p in effects.order.items() if p < position)
 
 
-def why_not_forward(graph: torch.fx.Graph, effects: Effects, buffer: Node, source: Node, fill: Node, caller_buffer: bool) -> str | None:
+def why_not_forward(effects: Effects, buffer: Node, source: Node, fill: Node, caller_buffer: bool) -> str | None:
     position = effects.order[fill]
     buffer_value, source_value = fake_tensor(buffer), fake_tensor(source)
     if buffer_value.device != source_value.device:
         return "the fill copies between devices"
-    if not _same_sizes(buffer_value.stride(), source_value.stride()):
+    if not same_sizes(buffer_value.stride(), source_value.stride()):
         return "the source's strides differ from the buffer's"
     views = [n for n, p in effects.order.items() if p < position and n is not buffer and effects.memory(n) & effects.memory(buffer)]
     if any(effects.order.get(u, 0) > position for v in views for u in v.users):
@@ -321,6 +302,6 @@ def why_not_forward(graph: torch.fx.Graph, effects: Effects, buffer: Node, sourc
         return f"{buffer.name} is written again later"
     if effects.writers([source], fill):
         return f"{source.name} is written after the fill, so the buffer keeps its old values"
-    if _would_share(effects, graph, buffer, source):
+    if effects.would_alias(buffer, source):
         return f"{buffer.name} is returned and {source.name} is an input or an output: they would share memory"
     return None
