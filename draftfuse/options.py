@@ -88,6 +88,11 @@ class Options:
         """A copy with more Inductor settings (draftfuse's own, such as cudagraph_or_error)."""
         return dataclasses.replace(self, inductor={**self.inductor, **settings})
 
+    @property
+    def post_grad(self) -> bool:
+        """Whether a post-grad pass is on (the pipeline installs draftfuse's post-grad pass)."""
+        return self.softmax_topk or self.seed_fold or self.vocab_parallel
+
     def pass_key(self) -> tuple:
         """What the passes' behaviour depends on, for cache keys (the Inductor settings key themselves)."""
         return (self.probs, self.lowering, self.half_probs, self.softmax_topk, self.seed_fold, self.vocab_parallel)

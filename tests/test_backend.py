@@ -66,11 +66,19 @@ def test_options_split_between_draftfuse_and_inductor(inductor_calls):
     assert recording.compiles[-1].options.probs == "ones"
 
 
-def test_softmax_topk_off_leaves_the_graph(inductor_calls):
-    options = {"softmax_topk": False, "seed_fold": False}
+def test_passes_off_leave_the_graph(inductor_calls):
+    options = {"softmax_topk": False, "seed_fold": False, "vocab_parallel": False}
     torch.compile(_pick, backend="draftfuse", options=options, fullgraph=True)(torch.randn(4, 16))
     (gm, patches), = inductor_calls
     assert "topk" in gm.code and "post_grad_custom_pre_pass" not in patches
+
+
+def test_vocab_parallel_alone_installs_the_post_grad_pass(inductor_calls):
+    """Its post-grad form (a gather seen only after decomposition) is rewritten as draft_graphs shows."""
+    options = {"softmax_topk": False, "seed_fold": False}
+    torch.compile(_pick, backend="draftfuse", options=options, fullgraph=True)(torch.randn(4, 16))
+    (gm, patches), = inductor_calls
+    assert "topk" in gm.code and isinstance(patches["post_grad_custom_pre_pass"], PostGradPass)
 
 
 def test_seed_fold_runs_first_unless_turned_off(inductor_calls):

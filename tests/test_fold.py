@@ -139,3 +139,18 @@ def test_one_graph_replay_per_folded_draft_and_no_cudagraph_skips():
         torch.testing.assert_close(draft(*args), worker.draft_steps(*worker.seed_step(*args)), rtol=0, atol=0)
     assert counters["inductor"]["cudagraph_skips"] == 0
     assert len(draft.draft.compiles) == 1
+
+
+def test_a_folded_call_binds_no_signature(monkeypatch):
+    """The composition takes (*args, **kwargs): its frame's locals are built without inspect's binding
+    (which would cost more than the rest of a replayed call)."""
+    draft = fold(lambda x: (x + 1,), lambda y: y * 2)
+    x = torch.arange(4.0)
+    for _ in range(3):
+        draft(x)
+
+    def no_binding(*args, **kwargs):
+        raise AssertionError("inspect.Signature.bind called on a draft call")
+
+    monkeypatch.setattr(inspect.Signature, "bind", no_binding)
+    assert torch.equal(draft(x=x), (x + 1) * 2)

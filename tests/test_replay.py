@@ -48,7 +48,7 @@ def make():
 
 def recorder_calls(compiled):
     """Calls of the compiled regions through Dynamo (the fast path calls none)."""
-    return sum(recorder.calls for recorder, _, _ in compiled._recorders)
+    return sum(entry[0].calls for entry in compiled._recorders)
 
 
 def warmed(compiled, *args):
@@ -105,6 +105,55 @@ def test_a_moved_kv_cache_raises():
     compiled = warmed(draftfuse.draft_loop(draft), head, hidden, cache, position)
     with pytest.raises(CudagraphSkipError, match="'cache' is written in place"):
         compiled(head, hidden, torch.zeros(6, 8), position)
+    # the call that raised left the recording as it was: the right cache replays it, without Dynamo
+    recorder = compiled._recorders[0][0]
+    assert recorder.captured
+    calls = recorder_calls(compiled)
+    check_same(compiled, head, hidden, cache, position)
+    assert recorder_calls(compiled) == calls
+
+
+def test_after_a_weight_moved_the_draft_is_recorded_again_and_replays():
+    head, hidden, cache, position = make()
+    compiled = warmed(draftfuse.draft_loop(draft), head, hidden, cache, position)
+    head.proj.weight.data = torch.randn(8, 8)
+    for _ in range(3):  # through Dynamo (the weight moved), warm-up, record
+        check_same(compiled, head, hidden, cache, position)
+    calls = recorder_calls(compiled)
+    check_same(compiled, head, hidden, cache, position)
+    assert recorder_calls(compiled) == calls, "the new recording replays without Dynamo"
+    assert len(compiled._replays) == 1, "the replay of the old recording is dropped"
+
+
+def test_the_overlap_check_is_the_one_of_the_compile_replayed():
+    @draftfuse.draft_loop
+    def step(x, kv):
+        kv.add_(1)
+        return x * 2 + kv.sum()
+
+    kv4, kv8 = torch.zeros(4), torch.zeros(8)
+    for _ in range(3):
+        step(torch.ones(4), kv4)
+    for _ in range(3):
+        step(torch.ones(8), kv8)  # a second compile, writing another cache
+    # a view of the second compile's cache does not overlap what the first compile writes
+    want = kv8[:4] * 2 + (kv4.sum() + 4)
+    assert torch.equal(step(kv8[:4], kv4), want)
+    with pytest.raises(draftfuse.DraftCaptureError, match="shares memory with an input the draft writes"):
+        step(kv4[:4], kv4)
+
+
+def test_a_returned_argument_tensor_is_the_argument_on_every_path():
+    @draftfuse.draft_loop
+    def step(x, caches):
+        caches[0].add_(x)
+        return x * 2, caches[0]
+
+    caches = [torch.zeros(4), torch.zeros(4)]
+    for call in range(4):  # through Dynamo (compile, warm-up, record), then replayed
+        _, returned = step(torch.ones(4), caches)
+        assert returned is caches[0], f"call {call}"
+    assert step._replays
 
 
 def test_an_argument_sharing_the_written_cache_raises():

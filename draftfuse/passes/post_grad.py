@@ -58,10 +58,6 @@ class PostGradPass(CustomGraphPass):
         self.input_names = input_names  # the Dynamo graph's input names, for reports (not part of the uuid)
         self.reports: list[PassReport] = []
 
-    @property
-    def enabled(self) -> bool:
-        return self.options.softmax_topk or self.options.seed_fold
-
     def __call__(self, graph: torch.fx.Graph) -> None:
         if self.user_pass is not None:
             self.user_pass(graph)

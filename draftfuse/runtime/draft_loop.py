@@ -12,9 +12,10 @@ with mode="reduce-overhead" (CUDA graph trees), on its first call. A compile goe
 options (parsed once, at decoration) -> prepare (draftfuse's passes on the Dynamo graph) -> capture
 checks (checks.py) -> lower (Inductor, draftfuse's post-grad pass) -> replay. On every call:
 
-  * Outputs are cloned, because CUDA graph trees hand out the same output tensors on every replay: an
+  * Outputs are cloned, because a CUDA graph replay writes the same output tensors on every call: an
     output kept across calls would be overwritten by the next draft. (Outputs that are input tensors
-    themselves, e.g. a returned KV cache, are returned as they are.) `zero_copy_outputs=True` returns
+    themselves, an argument or a tensor in a list, tuple or dict argument, e.g. a returned KV cache,
+    are returned as they are.) `zero_copy_outputs=True` returns
     the graph's own outputs: no copy, valid only until the next call of this draft.
   * Tensor inputs the draft writes in place (KV caches) are found in the traced graph and marked
     static (torch._dynamo.mark_static_address), since CUDA graphs skip on writes to other inputs.
@@ -60,7 +61,7 @@ from draftfuse.options import Options
 from draftfuse.runtime import checks, translate
 from draftfuse.runtime.errors import DraftCaptureError, RecompileError
 from draftfuse.runtime.pipeline import CompileRecord, lower, prepare
-from draftfuse.runtime.replay import GraphRecorder, Replay, log
+from draftfuse.runtime.replay import GraphRecorder, Replay, log, tensor_leaves
 
 _CPU_WARNING = (
     "draftfuse: draft {name!r} runs on the CPU: it is compiled, but CUDA graphs need a CUDA device, "
@@ -111,8 +112,7 @@ class DraftLoop:
         self.compiles: list[CompileRecord] = []  # one per Dynamo graph compiled for this draft
         self._bind = _binder(fn, self._code_fn)
         self._replays: list[Replay] = []  # recorded calls that run without Dynamo (replay.py)
-        self._recorders: list[tuple[GraphRecorder, list[torch.fx.Node], Callable[..., Any]]] = []
-        self._overlap_check: Callable[[tuple], None] | None = None
+        self._recorders: list[tuple[GraphRecorder, list[torch.fx.Node]]] = []  # with the graph's placeholders
         self._signatures: list[dict[str, str]] = []  # the arguments that led to each compile
         self._current_call: tuple[tuple, dict] | None = None
         self._warned_cpu = self._warn_cpu = False
@@ -148,11 +148,12 @@ class DraftLoop:
             args = (self._instance, *args)
         f_locals = self._bind(args, kwargs) if self._replays else None
         if f_locals is not None:
+            explain = log.isEnabledFor(logging.DEBUG)
             with torch.no_grad():  # the guards hold the grad mode the draft compiled under
                 for replay in self._replays:
-                    if replay.matches(f_locals, log.isEnabledFor(logging.DEBUG)):
-                        if self._overlap_check is not None:
-                            self._overlap_check((*args, *kwargs.values()))
+                    if replay.matches(f_locals, explain):
+                        if replay.check_arguments is not None:
+                            replay.check_arguments((*args, *kwargs.values()))
                         if torch.autograd._profiler_enabled():
                             with torch.profiler.record_function(self._span):
                                 return replay.run(f_locals, clone=not self._zero_copy)
@@ -185,15 +186,15 @@ class DraftLoop:
         self._record_replay(args, kwargs, out)
         if self._zero_copy:
             return out
-        inputs = {id(a) for a in (*args, *kwargs.values()) if isinstance(a, torch.Tensor)}
+        inputs = {id(t) for _, t in tensor_leaves({**dict(enumerate(args)), **kwargs})}  # as Replay.run passes them
         return tree_map_only(torch.Tensor, lambda t: t if id(t) in inputs else t.clone(), out)
 
     def _record_replay(self, args: tuple, kwargs: dict, out: Any) -> None:
         """After a call through Dynamo, record it as a Replay where that is sound (replay.py)."""
         self._replays = [r for r in self._replays if not r.stale]
         # the recorder this call ran: the one whose count moved; it must have captured, and have no Replay yet
-        ran = [(r, p) for r, p, _ in self._recorders if r.calls == r.last_seen + 1]
-        for recorder, _, _ in self._recorders:
+        ran = [(r, p) for r, p in self._recorders if r.calls == r.last_seen + 1]
+        for recorder, _ in self._recorders:
             recorder.last_seen = recorder.calls
         if len(ran) != 1 or not ran[0][0].captured or any(x.recorder is ran[0][0] for x in self._replays):
             return
@@ -259,14 +260,13 @@ class DraftLoop:
         self.compiles.append(record)
         if written:
             compiled = _guard_written_inputs(compiled, written, example_inputs)
-            self._overlap_check = compiled.check
         if not own_graph:
             return compiled
         placeholders = prepared.graph_module.graph.find_nodes(op="placeholder")
         static = [checks.is_static(p) for p in placeholders]
         recorder = GraphRecorder(compiled, static, {item.index for item in written}, device)
         recorder.last_seen = 0
-        self._recorders.append((recorder, placeholders, compiled))
+        self._recorders.append((recorder, placeholders))
         return _translating_capture_errors(recorder)
 
     def _check_recompiles(self) -> None:
@@ -376,13 +376,16 @@ def _binder(fn: Callable[..., Any], code_fn: Callable[..., Any]) -> Callable[[tu
     code = getattr(code_fn, "__code__", None)
     closure = getattr(code_fn, "__closure__", None) or ()
     free = dict(zip(code.co_freevars, closure)) if code is not None else {}
-    kinds = {p.kind for p in signature.parameters.values()}
-    simple = kinds <= {inspect.Parameter.POSITIONAL_OR_KEYWORD}
+    kinds = [p.kind for p in signature.parameters.values()]
+    simple = set(kinds) <= {inspect.Parameter.POSITIONAL_OR_KEYWORD}
     names = list(signature.parameters)
+    star = kinds == [inspect.Parameter.VAR_POSITIONAL, inspect.Parameter.VAR_KEYWORD]  # (*args, **kwargs): fold's wrapper
     defaults = {n: p.default for n, p in signature.parameters.items() if p.default is not inspect.Parameter.empty}
 
     def bind(args: tuple, kwargs: dict) -> dict[str, Any] | None:
-        if simple and len(args) <= len(names):
+        if star:
+            f_locals = {names[0]: args, names[1]: dict(kwargs)}
+        elif simple and len(args) <= len(names):
             f_locals = {**defaults, **dict(zip(names, args)), **kwargs}
             if len(f_locals) != len(names):
                 return None

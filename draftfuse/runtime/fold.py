@@ -5,7 +5,7 @@
 
 `draft(*args, **kwargs)` computes `loop(*seed(*args, **kwargs))` when the seed returns a tuple and
 `loop(seed(*args, **kwargs))` otherwise. Both may be plain functions or bound methods. The composition
-is compiled by `draft_loop` (one Dynamo graph, Inductor, CUDA graph trees under the default
+is compiled by `draft_loop` (one Dynamo graph, Inductor, one CUDA graph under the default
 mode="reduce-overhead"): on a GPU one draft is one graph replay, the seed being its first iteration.
 
 The seed's outputs pass through the `draftfuse::seam` marker, which tells the seed-fold pass

@@ -88,7 +88,7 @@ def lower(prepared: Prepared, example_inputs: Sequence[Any], options: Options) -
     """Compile a prepared graph with Inductor, draftfuse's post-grad pass installed."""
     patches = dict(options.inductor)
     post_grad = None
-    if options.softmax_topk or options.seed_fold:
+    if options.post_grad:
         user_pass = patches.get(_POST_GRAD_KEY, torch._inductor.config.post_grad_custom_pre_pass)
         names = [argument_name(p) for p in prepared.graph_module.graph.find_nodes(op="placeholder")]
         post_grad = PostGradPass(options, user_pass=user_pass, input_names=names)

@@ -58,6 +58,7 @@ class GraphRecorder:
         self.generation = 0  # counts captures: a Replay of an older one is stale
         self.inputs: list[Any] = []  # what the graph reads: static inputs themselves, copies of the others
         self.copies: list[tuple[int, torch.Tensor]] = []  # (input index, its static buffer)
+        self.buffers: list[torch.Tensor] = []  # the static buffers, in the order of `copies`
         self.outputs: Any = None  # the graph's output tensors (static once captured)
         self._flat: tuple[Any, list[Any]] | None = None
         self.last_call_inputs: Sequence[Any] = ()  # the latest call's inputs, until a Replay is built
@@ -72,12 +73,15 @@ class GraphRecorder:
         self.unrecorded_calls += 1
         self.last_call_inputs = inputs
         if self.captured and self._static_pointers(inputs) != self.pointers:
-            log.info("draftfuse: a static input of the recorded region moved: running it plainly, recording again")
-            # A static input moved (p.data = ..., or another KV cache): run plainly (draft_loop's address
-            # check raises for a written input), and record again on the next call.
-            self.graph, self.recorded, self.unrecorded_calls = None, False, 1
-            self.outputs = self.compiled(*inputs)
-            return self.outputs
+            # A static input moved. Run plainly: for another KV cache draft_loop's address check raises,
+            # and the recording stays; for a moved weight (p.data = ...) record again on the next call,
+            # and the Replays of this recording are stale.
+            outputs = self.compiled(*inputs)
+            log.info("draftfuse: a weight or buffer of the recorded region moved: ran it plainly, recording again")
+            self.graph, self.recorded, self.unrecorded_calls, self.buffers = None, False, 1, []
+            self.generation += 1
+            self.outputs = outputs
+            return outputs
         if not self.captured and self.unrecorded_calls >= 2:
             self._capture(inputs)
         if not self.captured:
@@ -107,7 +111,7 @@ class GraphRecorder:
             self.outputs = self.compiled(*inputs)
             return
         if sources:
-            torch._foreach_copy_([buffer for _, buffer in self.copies], list(sources))
+            torch._foreach_copy_(self.buffers, sources)
         self.graph.replay()
 
     def _capture(self, inputs: Sequence[Any]) -> None:
@@ -120,6 +124,7 @@ class GraphRecorder:
                 self.copies.append((index, buffer))
                 value = buffer
             self.inputs.append(value)
+        self.buffers = [buffer for _, buffer in self.copies]
         if cuda:
             graph = torch.cuda.CUDAGraph()
             stream = torch.cuda.Stream(self.device)
@@ -129,7 +134,7 @@ class GraphRecorder:
             torch.cuda.current_stream(self.device).wait_stream(stream)
             self.graph = graph
         self.recorded = True  # off CUDA: the static inputs are recorded, the region is called on each call's
-        self.generation += 1
+        self.generation += 1  # Replays of an earlier recording are stale
 
 
 def _dynamo_code_is_pure(code: Any, fetched: set[str]) -> bool:
@@ -217,12 +222,13 @@ class Replay:
         self.written = written  # per written static input (a KV cache): f_locals -> tensor, its address checked
         self.written_pointers = [recorder.last_call_inputs[i].data_ptr() for i in sorted(recorder.written)]
         self.same_static = _identity_check(identities)  # static tensors no guard node holds, checked in one call
-        self.held = held  # the static tensors the graph reads in place
+        self.held = held  # the static tensors the graph reads in place (weights, buffers), written ones aside
         self.pointers = [t.data_ptr() for t in held]
         self.leaves, self.spec = template
         self.flat_tuple = self.spec == tree_flatten(tuple(range(len(self.leaves))))[1]  # rebuilt without pytree
         self.graph_leaves = sorted({where for kind, where in self.leaves if kind == "graph"})
         self.generation = recorder.generation
+        self.check_arguments = getattr(recorder.compiled, "check", None)  # this compile's overlap check, if it writes inputs
 
     @property
     def stale(self) -> bool:
@@ -240,9 +246,9 @@ class Replay:
         for index, (placeholder, value, static) in enumerate(zip(placeholders, recorder.last_call_inputs, recorder.static)):
             if not static:
                 continue
-            held.append(value)
             if index in recorder.written:
-                continue  # a KV cache: another tensor must raise (draft_loop's address check), not recompile
+                continue  # a KV cache: checked by address (`written`); another tensor must raise, not recompile
+            held.append(value)
             node = nodes.get(_source_name(placeholder._dynamo_source))
             if node is not None:
                 _add_identity_guard(node, value, _source_name(placeholder._dynamo_source))
@@ -277,7 +283,7 @@ class Replay:
     @staticmethod
     def _template(recorder: GraphRecorder, f_locals: dict[str, Any], output: Any) -> tuple | None:
         graph_outputs = {id(t): i for i, t in enumerate(tree_flatten(recorder.outputs)[0]) if isinstance(t, torch.Tensor)}
-        arguments = {id(t): path for path, t in _tensor_leaves(f_locals)}
+        arguments = {id(t): path for path, t in tensor_leaves(f_locals)}
         leaves, spec = tree_flatten(output)
         plan = []
         for leaf in leaves:
@@ -294,6 +300,8 @@ class Replay:
 
     def matches(self, f_locals: dict[str, Any], explain: bool = False) -> bool:
         """Whether this recording may run the call; with `explain`, the reason it may not is logged."""
+        if self.generation != self.recorder.generation:
+            return False  # recorded again since (a weight moved)
         try:
             if not self.guard.check(f_locals):
                 if explain:
@@ -337,8 +345,9 @@ class Replay:
         return tuple(values) if self.flat_tuple else tree_unflatten(values, self.spec)
 
 
-def _tensor_leaves(f_locals: dict[str, Any]) -> list[tuple[tuple, torch.Tensor]]:
-    """(path, tensor) for the tensors among the call's arguments, at most one level into containers."""
+def tensor_leaves(f_locals: dict[Any, Any]) -> list[tuple[tuple, torch.Tensor]]:
+    """(path, tensor) for the tensors among a call's arguments (by name or position), at most one level
+    into lists, tuples and dicts."""
     found = []
     for name, value in f_locals.items():
         if isinstance(value, torch.Tensor):
