@@ -24,17 +24,17 @@ from __future__ import annotations
 import dataclasses
 import difflib
 import inspect
+import os
 from collections.abc import Callable
 from typing import Any
 
 import torch
-from torch._dynamo.testing import normalize_gm
 
 from draftfuse.options import Options
-from draftfuse.passes.report import short_path
 from draftfuse.runtime import checks, translate
 from draftfuse.runtime.errors import DraftCaptureError
 from draftfuse.runtime.pipeline import Prepared, prepare
+from draftfuse.testing import graph_text
 
 _NOT_STATIC = (
     "not static: @draft_loop marks it static for you; with torch.compile alone, CUDA graphs skip the draft "
@@ -80,7 +80,7 @@ class Explanation:
             for report in graph.prepared.reports:
                 lines += ["  " + line for line in report.format().splitlines()]
             for written in graph.written_inputs:
-                where = short_path(written.where) or "an unknown line"
+                where = written.where or "an unknown line"
                 lines.append(f"  writes input {written.name!r} in place at {where}: {'static, fine' if written.static else _NOT_STATIC}")
         if graphs:
             for number, graph in enumerate(self.graphs, 1):
@@ -111,7 +111,7 @@ def explain(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Explanation:
 def _describe_function(fn: Callable[..., Any]) -> str:
     name = getattr(fn, "__qualname__", repr(fn))
     try:
-        return f"{name} ({short_path(inspect.getsourcefile(fn) or '')}:{inspect.getsourcelines(fn)[1]})"
+        return f"{name} ({inspect.getsourcefile(fn) or ''}:{inspect.getsourcelines(fn)[1]})"
     except (TypeError, OSError):
         return name
 
@@ -121,7 +121,7 @@ def _indent(text: str) -> str:
 
 
 def _code(gm: torch.fx.GraphModule) -> str:
-    return normalize_gm(gm.print_readable(print_output=False)).strip("\n")
+    return graph_text(gm).strip("\n")
 
 
 def _diff(before: str, after: str) -> list[str]:
@@ -130,6 +130,4 @@ def _diff(before: str, after: str) -> list[str]:
 
 def short_path_all(text: str) -> str:
     """Paths under the working directory, relative to it, wherever they appear in `text`."""
-    import os
-
     return text.replace(os.getcwd() + os.sep, "")

@@ -88,14 +88,14 @@ def normalise_dim(dim: Any, ndim: int | None) -> int | None:
     return dim % size if -size <= dim < size else None
 
 
-_PACKAGE = os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep
+PACKAGE_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep
 
 
 def user_location(node: Node) -> str:
     """The innermost user frame of a node's stack trace, as "file:line" (empty when unknown); frames in
     draftfuse itself (fold()'s composition, the seam marker) are the user's caller's business, not theirs."""
     frames = re.findall(r'File "([^"]+)", line (\d+)', node.meta.get("stack_trace") or "")
-    outside = [f for f in frames if not os.path.abspath(f[0]).startswith(_PACKAGE)]
+    outside = [f for f in frames if not os.path.abspath(f[0]).startswith(PACKAGE_DIR)]
     frame = (outside or frames)[-1] if frames else None
     return f"{frame[0]}:{frame[1]}" if frame else ""
 

@@ -23,7 +23,7 @@ from torch.fx.experimental.symbolic_shapes import free_symbols
 
 from draftfuse.graph.effects import Effects, defines_unbacked_symbols
 from draftfuse.graph.values import Node, fake, fake_tensor, input_name, is_python_number, user_location
-from draftfuse.runtime.errors import CudagraphSkipError, DraftCaptureError, HostSyncError
+from draftfuse.runtime.errors import CudagraphSkipError, DraftCaptureError, HostSyncError, first_line
 
 _HOST_READ_METHODS = {"item", "tolist", "cpu", "numpy", "nonzero"}
 _HOST_READ_FUNCTIONS = {torch.ops.aten._local_scalar_dense.default, torch.nonzero, torch.ops.aten.nonzero.default}
@@ -164,9 +164,8 @@ def moved_input_error(written: WrittenInput) -> CudagraphSkipError:
 
 def capture_failed_error(exc: BaseException) -> CudagraphSkipError:
     """The error for a draft whose compiled region could not be captured in a CUDA graph."""
-    lines = [ln.strip() for ln in str(exc).splitlines() if ln.strip()]
     return CudagraphSkipError(
-        f"the draft's compiled region could not be captured in a CUDA graph: {lines[0] if lines else type(exc).__name__}",
+        f"the draft's compiled region could not be captured in a CUDA graph: {first_line(str(exc), type(exc).__name__)}",
         fix="the region must not synchronise with the host or allocate host memory while it runs: look for "
         "host reads, CPU tensors and data-dependent sizes (draftfuse.explain lists them)",
     )

@@ -56,7 +56,7 @@ import torch
 from torch.utils._pytree import tree_map_only
 
 from draftfuse.graph.effects import defines_unbacked_symbols
-from draftfuse.graph.values import user_location
+from draftfuse.graph.values import PACKAGE_DIR, user_location
 from draftfuse.options import Options
 from draftfuse.runtime import checks, translate
 from draftfuse.runtime.errors import DraftCaptureError, RecompileError
@@ -102,7 +102,6 @@ class DraftLoop:
         self._fn = fn
         self._options = options
         self._zero_copy, self._dynamic, self._max_compiles = zero_copy_outputs, dynamic, max_compiles
-        self._settings = dict(options=options, zero_copy_outputs=zero_copy_outputs, dynamic=dynamic, max_compiles=max_compiles)
         self._instance = instance
         self._attribute: str | None = None  # the class attribute this draft was assigned to
         self._bound: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # for instances without __dict__
@@ -134,7 +133,9 @@ class DraftLoop:
         store = getattr(instance, "__dict__", None)
         bound = store.get(name) if store is not None else self._bound.get(instance)
         if not isinstance(bound, DraftLoop):
-            bound = DraftLoop(self._fn, **self._settings, instance=instance)
+            bound = DraftLoop(
+                self._fn, options=self._options, zero_copy_outputs=self._zero_copy, dynamic=self._dynamic, max_compiles=self._max_compiles, instance=instance
+            )
             if store is not None:
                 store[name] = bound  # later lookups find it before this (non-data) descriptor
             else:
@@ -182,7 +183,7 @@ class DraftLoop:
             self._current_call = None
         if self._warn_cpu:
             self._warn_cpu = False
-            warnings.warn(_CPU_WARNING.format(name=getattr(self._fn, "__qualname__", ""), mode=self._options.mode), stacklevel=_user_stacklevel())
+            warnings.warn(_CPU_WARNING.format(name=getattr(self._fn, "__qualname__", ""), mode=self._options.mode), stacklevel=_user_frame()[1])
         self._record_replay(args, kwargs, out)
         if self._zero_copy:
             return out
@@ -335,21 +336,18 @@ def _passes(entry: Any, f_locals: dict[str, Any] | None) -> bool:
         return False
 
 
-def _user_stacklevel() -> int:
-    """warnings.warn's stacklevel of the innermost frame outside draftfuse, seen from its caller."""
-    package = os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep
+def _user_frame() -> tuple[Any, int]:
+    """The innermost frame outside draftfuse, seen from the function that calls this one, and the
+    stacklevel that makes warnings.warn from that function point at it."""
     level, frame = 1, sys._getframe(1)
-    while frame is not None and os.path.abspath(frame.f_code.co_filename).startswith(package):
+    while frame is not None and os.path.abspath(frame.f_code.co_filename).startswith(PACKAGE_DIR):
         level, frame = level + 1, frame.f_back
-    return level
+    return frame, level
 
 
 def _caller_location() -> str:
     """file:line of the innermost frame outside draftfuse (the user's call of the draft)."""
-    package = os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep
-    frame = sys._getframe(1)
-    while frame is not None and os.path.abspath(frame.f_code.co_filename).startswith(package):
-        frame = frame.f_back
+    frame, _ = _user_frame()
     return f"{frame.f_code.co_filename}:{frame.f_lineno}" if frame is not None else ""
 
 

@@ -37,3 +37,8 @@ class CudagraphSkipError(DraftCaptureError):
 
 class RecompileError(DraftCaptureError):
     """The draft recompiles on every call (a changing Python value or shape), so nothing is replayed."""
+
+
+def first_line(text: str, default: str) -> str:
+    """The first non-blank line of an error's text (`default` if it has none)."""
+    return next((line.strip() for line in text.splitlines() if line.strip()), default)

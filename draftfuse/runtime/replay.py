@@ -54,7 +54,7 @@ class GraphRecorder:
         self.calls = 0  # calls through Dynamo (the fast path does not count)
         self.unrecorded_calls = 0  # since the last recording: the first runs plainly (warm-up), the second records
         self.graph: torch.cuda.CUDAGraph | None = None
-        self.recorded = False
+        self.captured = False  # recorded (off CUDA: the static inputs are, and the region is called)
         self.generation = 0  # counts captures: a Replay of an older one is stale
         self.inputs: list[Any] = []  # what the graph reads: static inputs themselves, copies of the others
         self.copies: list[tuple[int, torch.Tensor]] = []  # (input index, its static buffer)
@@ -63,10 +63,6 @@ class GraphRecorder:
         self._flat: tuple[Any, list[Any]] | None = None
         self.last_call_inputs: Sequence[Any] = ()  # the latest call's inputs, until a Replay is built
         self.pointers: list[int] = []  # data pointers of the static inputs the graph reads in place
-
-    @property
-    def captured(self) -> bool:
-        return self.recorded
 
     def __call__(self, *inputs: Any) -> Any:
         self.calls += 1
@@ -78,7 +74,7 @@ class GraphRecorder:
             # and the Replays of this recording are stale.
             outputs = self.compiled(*inputs)
             log.info("draftfuse: a weight or buffer of the recorded region moved: ran it plainly, recording again")
-            self.graph, self.recorded, self.unrecorded_calls, self.buffers = None, False, 1, []
+            self.graph, self.captured, self.unrecorded_calls, self.buffers = None, False, 1, []
             self.generation += 1
             self.outputs = outputs
             return outputs
@@ -133,7 +129,7 @@ class GraphRecorder:
                 self.outputs = self.compiled(*self.inputs)
             torch.cuda.current_stream(self.device).wait_stream(stream)
             self.graph = graph
-        self.recorded = True  # off CUDA: the static inputs are recorded, the region is called on each call's
+        self.captured = True  # off CUDA: the static inputs are recorded, the region is called on each call's
         self.generation += 1  # Replays of an earlier recording are stale
 
 
@@ -300,7 +296,7 @@ class Replay:
 
     def matches(self, f_locals: dict[str, Any], explain: bool = False) -> bool:
         """Whether this recording may run the call; with `explain`, the reason it may not is logged."""
-        if self.generation != self.recorder.generation:
+        if self.stale:
             return False  # recorded again since (a weight moved)
         try:
             if not self.guard.check(f_locals):

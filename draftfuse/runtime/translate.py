@@ -17,7 +17,7 @@ import torch
 from torch.fx.experimental.symbolic_shapes import GuardOnDataDependentSymNode
 
 from draftfuse.runtime.checks import DATA_DEPENDENT_FIX, HOST_SYNC_FIX
-from draftfuse.runtime.errors import CudagraphSkipError, DraftCaptureError, GraphBreakError, HostSyncError, RecompileError
+from draftfuse.runtime.errors import CudagraphSkipError, DraftCaptureError, GraphBreakError, HostSyncError, RecompileError, first_line
 
 SKIP_MESSAGE = "skipping cudagraphs due to"
 _HOST_READ = re.compile(
@@ -69,6 +69,12 @@ def _lines(text: str) -> list[str]:
     return [line.strip() for line in text.splitlines() if line.strip()]
 
 
+
+def _explanation(lines: list[str]) -> str:
+    """What Dynamo's message says under "Explanation:" ("" if nothing)."""
+    return next((ln.removeprefix("Explanation:").strip() for ln in lines if ln.startswith("Explanation:")), "")
+
+
 def from_exception(exc: BaseException, first_host_read: str = "") -> DraftCaptureError | None:
     """The DraftCaptureError that `exc` (raised by a draft's compile or call) stands for; None for an
     error that is torch's own (a bug to report) rather than the draft's. `first_host_read` is the
@@ -82,29 +88,25 @@ def from_exception(exc: BaseException, first_host_read: str = "") -> DraftCaptur
             "torch's recompile limit was reached for the draft's code (torch._dynamo.config.recompile_limit)",
             fix="pass the values that change as tensors, keep shapes fixed, or raise max_compiles",
         )
-    if isinstance(exc, GuardOnDataDependentSymNode) or is_data_dependent(exc):
-        lines = _lines(str(exc))
-        title = lines[0] if lines else type(exc).__name__
+    if is_data_dependent(exc):
+        title = first_line(str(exc), type(exc).__name__)
         return _classify(f"data-dependent value read on the host ({title})", "", _location(exc), first_host_read)
     if isinstance(exc, (torch._dynamo.exc.Unsupported, torch._dynamo.exc.UserError)):
         text = str(getattr(exc, "msg", "") or exc)
         lines = _lines(text)
         title = getattr(exc, "gb_type", "") or (lines[0] if lines else type(exc).__name__)
-        explanation = next((ln.removeprefix("Explanation:").strip() for ln in lines if ln.startswith("Explanation:")), "")
-        return _classify(title, explanation, _location(exc), first_host_read)
+        return _classify(title, _explanation(lines), _location(exc), first_host_read)
     if SKIP_MESSAGE in str(exc):
         return _skip_error(str(exc))
-    if type(exc).__name__ == "InductorError" or isinstance(exc, torch._dynamo.exc.BackendCompilerFailed):
-        lines = _lines(str(exc))
+    if type(exc).__name__ == "InductorError":
         return DraftCaptureError(
-            f"torch's compiler (Inductor) failed on this draft, a torch bug rather than the draft's: {lines[0] if lines else type(exc).__name__}",
+            f"torch's compiler (Inductor) failed on this draft, a torch bug rather than the draft's: {first_line(str(exc), type(exc).__name__)}",
             fix="report it to PyTorch with the draft (the cause below has torch's own error); meanwhile compile "
             "the draft without the construct that triggers it, or with options that avoid it",
         )
     if isinstance(exc, torch._dynamo.exc.TorchRuntimeError):
-        lines = _lines(str(exc))
         return DraftCaptureError(
-            f"the draft raised an error while traced: {lines[0] if lines else type(exc).__name__}",
+            f"the draft raised an error while traced: {first_line(str(exc), type(exc).__name__)}",
             where=_location(exc),
             fix="run the draft eagerly with the same arguments: it raises the same error there",
         )
@@ -128,5 +130,4 @@ def from_break(reason: Any) -> DraftCaptureError:
     frame = reason.user_stack[-1] if reason.user_stack else None
     where = f"{frame.filename}:{frame.lineno}" if frame else ""
     title = lines[0] if lines else "graph break"
-    explanation = next((ln.removeprefix("Explanation:").strip() for ln in lines if ln.startswith("Explanation:")), "")
-    return _classify(title.removeprefix("Graph Break Reason: "), explanation, where)
+    return _classify(title.removeprefix("Graph Break Reason: "), _explanation(lines), where)
