@@ -242,6 +242,5 @@ def merge_setup(graph: torch.fx.Graph, input_names: list[str] | None = None) -> 
         changed |= _merge_proven(graph, assumed, names, report)
         if not changed:
             break
-    alive = {n.name for n in graph.nodes}
-    report.refusals[:] = [r for r in dict.fromkeys(report.refusals) if r.node in alive]
+    report.prune(graph)
     return report

@@ -52,6 +52,13 @@ class PassReport:
     def __str__(self) -> str:
         return self.format(nodes=True)
 
+    def prune(self, graph: torch.fx.Graph) -> None:
+        """Each refusal and note once, and refusals only about nodes still in the graph (a pass that runs
+        in rounds revisits what it refused)."""
+        alive = {n.name for n in graph.nodes}
+        self.refusals[:] = [r for r in dict.fromkeys(self.refusals) if r.node in alive]
+        self.notes[:] = list(dict.fromkeys(self.notes))
+
 
 def _count(n: int, word: str) -> str:
     return f"{n} {word}{'' if n == 1 else 's'}"

@@ -85,25 +85,27 @@ def _fold(graph: torch.fx.Graph, report: PassReport, value_ranges: dict, drop_bu
     marked_ranges, marked_drop = read_facts(graph)
     value_ranges |= marked_ranges
     drop_buffer_writes |= marked_drop
-    regions = find_regions(graph, Effects(graph))
+    effects = Effects(graph)
+    regions = find_regions(graph, effects)
     if regions is None:
         report.notes.append("no seam: no draftfuse::seam marker and no chain of two or more dependent selections; no cleanup")
         if value_ranges:
-            declare_ranges(graph, Effects(graph), report, value_ranges)
+            declare_ranges(graph, effects, report, value_ranges)
         return
     report.notes += _describe(regions, graph)
-    remove_seams(graph, Effects(graph), report)
+    remove_seams(graph, effects, report)
+    effects = Effects(graph)  # the markers' readers read the carried values now
     for _ in range(_MAX_ROUNDS):
-        changed = remove_round_trips(graph, Effects(graph), report)
-        changed |= forward_buffers(graph, Effects(graph), regions, report, drop_buffer_writes)
-        if not changed:
+        round_trips = remove_round_trips(graph, effects, report)
+        if round_trips:
+            effects = Effects(graph)
+        buffers = forward_buffers(graph, effects, regions, report, drop_buffer_writes)
+        if buffers:
+            effects = Effects(graph)
+        if not (round_trips or buffers):
             break
     if value_ranges:  # last: the loop's reads of carried values now read the seed's (and their writes)
-        declare_ranges(graph, Effects(graph), report, value_ranges)
-    # Rounds revisit what they refused: keep each refusal once, and only about nodes still there.
-    alive = {n.name for n in graph.nodes}
-    report.refusals[:] = [r for r in dict.fromkeys(report.refusals) if r.node in alive]
-    report.notes[:] = list(dict.fromkeys(report.notes))
-
+        declare_ranges(graph, effects, report, value_ranges)
+    report.prune(graph)
 
 __all__ = ["PASS_NAME", "fold_seed", "mark_seam", "seam_facts"]

@@ -29,10 +29,6 @@ class Regions:
     loop_selections: list[Node]
     seed_iterations: int
     loop_iterations: int
-    marked: bool  # found from a seam marker (fold), not from the selections alone
-
-    def across(self, earlier: Node, later: Node) -> bool:
-        return earlier in self.seed and later not in self.seed
 
 
 def selection_depths(graph: torch.fx.Graph, effects: Effects) -> dict[Node, int]:
@@ -73,5 +69,4 @@ def find_regions(graph: torch.fx.Graph, effects: Effects) -> Regions | None:
         loop_selections,
         len({depths[n] for n in seed_selections}),
         len({depths[n] for n in loop_selections}),
-        seam is not None,
     )
