@@ -10,8 +10,11 @@ from expecttest import TestCase
 from draftfuse.passes.softmax_topk import rewrite_softmax_topk
 from tests._graphs import dynamo_graph, graph_text
 
-X = torch.randn(4, 32)
-X_BF16 = torch.randn(4, 32, dtype=torch.bfloat16)
+_G = torch.Generator().manual_seed(0)
+X = torch.randn(4, 32, generator=_G)
+# tie-free in bfloat16 (a random bf16 row has ties, where topk may return either index): each row a
+# permutation of 0, 0.25, ..., 7.75, all exact in bf16
+X_BF16 = (torch.stack([torch.randperm(32, generator=_G) for _ in range(4)]) / 4 - 4).to(torch.bfloat16)
 
 
 class DynamoRewrites(TestCase):

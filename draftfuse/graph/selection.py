@@ -16,7 +16,7 @@ from typing import Any
 
 import torch
 
-from draftfuse.graph.values import Node, target_key
+from draftfuse.graph.values import Node, rewire, target_key
 
 aten = torch.ops.aten
 
@@ -62,6 +62,25 @@ class Selection:
     def index_item(self) -> int | None:
         """Which getitem of the result holds the indices (None: the result is the indices)."""
         return {"argmax": None, "argmin": None, "argmax_prob": 0}.get(self.kind, 1)
+
+
+def readers(sel: Selection) -> dict[int, list[Node]]:
+    """The getitems that read a (values, indices) selection, by item: 0 values, 1 indices (none for
+    argmax/argmin, whose readers read the indices themselves)."""
+    found: dict[int, list[Node]] = {0: [], 1: []}
+    for user in sel.node.users if sel.returns_pair else ():
+        found[user.args[1]].append(user)
+    return found
+
+
+def rewire_readers(sel: Selection, found: dict[int, list[Node]], index: Node, value: Node | None) -> None:
+    """Point what read the selection (`found`: its `readers`) at new nodes: indices at `index`, values at `value`."""
+    if not sel.returns_pair:
+        rewire(sel.node, index)
+    for user in found[1]:
+        rewire(user, index)
+    for user in found[0]:
+        rewire(user, value)
 
 
 def bind(node: Node, names: Sequence[str]) -> dict[str, Any] | None:

@@ -180,6 +180,25 @@ def rewire(old: Node, new: Node, readers: list[Node] | None = None) -> None:
         reader.replace_input_with(old, new)
 
 
+def erase_unused(nodes: list[Node], erased: set[Node]) -> None:
+    """Erase, in the order given, each of `nodes` that nothing reads any more (inputs stay); each
+    erased node joins `erased`."""
+    for node in nodes:
+        if not node.users and node.op != "placeholder" and node not in erased:
+            node.graph.erase_node(node)
+            erased.add(node)
+
+
+def erase_emitted(after: Node, last: Node) -> None:
+    """Undo an emission that failed halfway: the nodes after `after` through `last`, last first,
+    where nothing reads them."""
+    node = last
+    while node is not after:
+        node, unused = node.prev, node
+        if not unused.users:
+            unused.graph.erase_node(unused)
+
+
 def insert_after(
     after: Node, op: str, target: Any, args: tuple, kwargs: dict | None = None, *, origin: Node, provenance: str
 ) -> Node:

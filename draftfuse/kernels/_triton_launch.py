@@ -31,7 +31,7 @@ _side_streams: dict = {}
 
 
 def _fresh_workspace(rows: int, device: torch.device) -> torch.Tensor:
-    return torch.full((rows, _WS_COLS), _INT32_MIN, dtype=torch.int32, device=device)
+    return torch.full((rows, _WS_COLS.value), _INT32_MIN, dtype=torch.int32, device=device)
 
 
 def _workspace(device: torch.device, rows: int) -> torch.Tensor:
@@ -92,11 +92,15 @@ def _sm_count(device: torch.device) -> int:
     return 4  # Triton's interpreter (CPU tensors): the split count only shapes the grid
 
 
+def _most_splits(k: int) -> int:
+    """Chunks a row may be split into: k > 1 merges k keys of each in the last program."""
+    return _MAX_SPLITS if k == 1 else min(_MAX_SPLITS, _MERGE_KEYS // k)
+
+
 def max_vocab(k: int) -> int:
     """The largest vocabulary the kernel takes for this k (chunks of at most _MAX_TILES tiles of up
     to 4096 elements)."""
-    splits = _MAX_SPLITS if k == 1 else min(_MAX_SPLITS, _MERGE_KEYS // k)
-    return min(2**31 - 1, splits * _MAX_TILES.value * 4096)
+    return min(2**31 - 1, _most_splits(k) * _MAX_TILES.value * 4096)
 
 
 _fits: dict = {}  # compiled kernel (specialisation) -> one-warp programs that fit per SM, by registers
@@ -117,7 +121,7 @@ def plan(rows: int, vocab: int, k: int, device: torch.device, *, splits=None, bl
     """(splits, chunk, block) for a launch: splits * chunk >= vocab, chunk a multiple of block. The
     grid aims at programs_per_sm programs per SM, rounded down so that it stays within one wave."""
     block = block or _BLOCK
-    most = _MAX_SPLITS if k == 1 else min(_MAX_SPLITS, _MERGE_KEYS // k)
+    most = _most_splits(k)
     while triton.cdiv(triton.cdiv(vocab, block), _MAX_TILES.value) > most:  # chunks of at most _MAX_TILES
         if block >= 4096:
             raise ValueError(f"vocab {vocab} is too large for the selection kernel with k={k} (max {max_vocab(k)})")
@@ -184,7 +188,7 @@ def launch_selection(
     options = {"enable_fp_fusion": False, **({"launch_pdl": True} if pdl else {})} if cuda else {}
     if maxnreg:
         options["maxnreg"] = maxnreg
-    most = _MAX_SPLITS if k == 1 else min(_MAX_SPLITS, _MERGE_KEYS // k)
+    most = _most_splits(k)
     kernel = _selection_kernel[(rows, splits)](
         logits, logits.stride(0), vocab, chunk, splits, scale_arg, scale_stride,
         part, keys, ws, prob, index, int(log),

@@ -56,11 +56,11 @@ _NAN_KEY = tl.constexpr(2**31 - 1)
 _BIG_INDEX = tl.constexpr(2**31 - 1)
 _LOG2E = tl.constexpr(1.4426950408889634)
 _MAX_TILES = tl.constexpr(256)  # tiles per chunk: the length of a program's record of tile maxima
-_MERGE_SPLITS = tl.constexpr(128)  # the last program reads (max, sum) of all chunks at once: splits <= this
+_MAX_SPLITS = 128
+_MERGE_SPLITS = tl.constexpr(_MAX_SPLITS)  # the last program reads (max, sum) of all chunks at once
 
 _INT32_MIN = -(2**31)
-_WS_COLS = 64  # workspace columns per row: [0] arrival counter, [32:64] the row's slots (k > 1)
-_MAX_SPLITS = 128
+_WS_COLS = tl.constexpr(64)  # workspace columns per row: [0] arrival counter, [32:64] the row's slots (k > 1)
 _MERGE_KEYS = 1024  # k > 1: the last program merges k * splits <= this many keys
 
 # 512 elements per tile (16 per lane, as 16-byte vectors; the next tile's loads issued before this
@@ -260,7 +260,7 @@ def _selection_kernel(
     start = split * chunk
     end = tl.minimum(start + chunk, vocab)
     row_ptr = logits_ptr + row.to(tl.int64) * row_stride
-    ws_row = ws_ptr + row.to(tl.int64) * 64
+    ws_row = ws_ptr + row.to(tl.int64) * _WS_COLS
     slots_ptr = ws_row + 32
     lanes = tl.arange(0, 32)
     J: tl.constexpr = BLOCK // (32 * V)

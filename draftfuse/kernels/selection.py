@@ -69,11 +69,11 @@ def _check_k(logits: torch.Tensor, k: int) -> None:
         raise ValueError(f"topk_prob: k={k} out of range for logits of shape {tuple(logits.shape)}")
 
 
-def check_scale(logits: torch.Tensor, scale: torch.Tensor | None) -> torch.Tensor | None:
-    """scale as float32, shaped to broadcast against logits (..., 1); ValueError unless it is 0-d or
-    of shape logits.shape[:-1], floating point, on the logits' device."""
+def check_scale(logits: torch.Tensor, scale: torch.Tensor | None) -> None:
+    """ValueError unless scale is None, or 0-d or of shape logits.shape[:-1], floating point, on the
+    logits' device."""
     if scale is None:
-        return None
+        return
     if not isinstance(scale, torch.Tensor) or not scale.is_floating_point():
         raise ValueError(f"scale must be a floating-point tensor, got {scale!r:.80}")
     if scale.dim() != 0 and tuple(scale.shape) != tuple(logits.shape[:-1]):
@@ -82,7 +82,6 @@ def check_scale(logits: torch.Tensor, scale: torch.Tensor | None) -> torch.Tenso
         )
     if scale.device != logits.device:
         raise ValueError(f"scale is on {scale.device}, logits on {logits.device}")
-    return scale.float().unsqueeze(-1) if scale.dim() else scale.float()
 
 
 def _scaled(logits: torch.Tensor, scale: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
@@ -92,7 +91,8 @@ def _scaled(logits: torch.Tensor, scale: torch.Tensor | None) -> tuple[torch.Ten
     x = logits.float()  # also the order: exact, and torch's CUDA sort misplaces NaN in bfloat16
     if scale is None:
         return x, x
-    s = check_scale(logits, scale)
+    check_scale(logits, scale)
+    s = scale.float().unsqueeze(-1) if scale.dim() else scale.float()  # broadcasts against the logits
     sign = torch.where(s.isnan(), s, torch.sign(s))  # torch.sign(nan) is 0; here a NaN scale makes all NaN
     return x * s, x * sign
 
@@ -151,9 +151,7 @@ def _run_kernels(
 ) -> None:
     vocab = logits.shape[-1]
     rows = logits.reshape(-1, vocab)  # a copy only when the leading dims don't flatten to one stride
-    if scale is not None:
-        scale = scale.float()  # checked by the caller: 0-d or one per row
-        scale = scale.reshape(-1) if scale.dim() else scale.reshape(1)
+    scale = None if scale is None else scale.float()  # checked by the caller: 0-d or one per row
     _triton_selection().launch_selection(rows, k, log, prob, index, scale)
 
 

@@ -19,7 +19,6 @@ from draftfuse.passes.softmax_topk.match import Softmax
 aten = torch.ops.aten
 prims = torch.ops.prims
 PASS_NAME = "softmax_topk"
-HALF = (torch.float16, torch.bfloat16)
 
 
 @torch.library.custom_op("draftfuse::round_to", mutates_args=())
@@ -38,7 +37,7 @@ def _round_to_fake(x: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
 
 
 class Emitter:
-    level: str
+    pass_name = PASS_NAME  # the provenance new nodes carry
 
     def __init__(self, origin: Node, cursor: Node) -> None:
         self.origin = origin  # the selection being replaced: new nodes take its stack trace
@@ -46,7 +45,7 @@ class Emitter:
 
     def _node(self, op: str, target: Any, args: tuple, kwargs: dict | None = None) -> Node:
         self.cursor = insert_after(
-            self.cursor, op, target, args, kwargs, origin=self.origin, provenance=f"{PASS_NAME}: replaces {self.origin.name}"
+            self.cursor, op, target, args, kwargs, origin=self.origin, provenance=f"{self.pass_name}: replaces {self.origin.name}"
         )
         return self.cursor
 
@@ -68,7 +67,6 @@ class Emitter:
 class TorchEmitter(Emitter):
     """Dynamo graphs: torch functions and Tensor methods, as a user would write them."""
 
-    level = "dynamo"
     _FUNCTIONS = {
         "argmax": (torch.argmax, ("dim", "keepdim")),
         "argmin": (torch.argmin, ("dim", "keepdim")),
@@ -109,8 +107,6 @@ class TorchEmitter(Emitter):
 
 class AtenEmitter(Emitter):
     """Post-grad graphs: ATen overloads with every argument given, as Inductor expects."""
-
-    level = "aten"
 
     def _full(self, like: Node, value: float, dtype: torch.dtype) -> Node:
         # post-grad graphs are decomposed: full_like is gone, full is what Inductor lowers

@@ -147,8 +147,10 @@ class Match:
     scaled: bool  # a temperature was looked through between logits and softmax
     prob_dtype: torch.dtype  # dtype of the softmax's value
     prob_casts: list[torch.dtype]  # casts between softmax and selection, in order
+    read_dtype: torch.dtype  # the dtype of the probabilities the selection reads
     half: bool  # the selection reads fp16/bf16 probabilities
     matched: list[Node]  # nodes of the original pattern, for the report and clean-up
+    peeled: list[Node]  # the casts and temperatures looked through from the softmax back to the logits
     factor: float = 1.0  # the constant temperature factors, multiplied
     tensor_scale: TensorScale | None = None  # a temperature tensor (the selection follows its sign)
 
@@ -215,7 +217,7 @@ def peel_scaled_logits(scores: Node, dim: int | None) -> tuple[Node, list[Node],
             return node, peeled, factor, tensor
 
 
-_DIVISIONS = {operator.truediv, torch.div, torch.true_divide, "div", "true_divide", aten.div.Tensor, aten.div.Scalar}
+_DIVISIONS = {key for key, factor in _SCALES.items() if factor is _reciprocal}
 
 
 def _check_row_constant(scale: Node, scaled: Node, dim: int) -> None:
@@ -406,8 +408,8 @@ def match(sel: Selection, level: str, effects: Effects) -> Match | None:
     return Match(
         selection=sel, softmax=softmax, dim=sel_dim, k=k, logits=logits,
         scaled=softmax.scale != 1.0 or any(as_scale(n) for n in peeled), factor=factor * softmax.scale, tensor_scale=tensor,
-        prob_dtype=probs_value.dtype, prob_casts=casts, half=read_dtype in HALF,
-        matched=[sel.node, *cast_nodes, probs_node, *peeled],
+        prob_dtype=probs_value.dtype, prob_casts=casts, read_dtype=read_dtype, half=read_dtype in HALF,
+        matched=[sel.node, *cast_nodes, probs_node, *peeled], peeled=peeled,
     )  # fmt: skip
 
 

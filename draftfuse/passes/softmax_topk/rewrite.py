@@ -16,12 +16,12 @@ import torch
 from torch._dynamo.utils import counters
 
 from draftfuse.graph.effects import Effects
-from draftfuse.graph.selection import as_selection
-from draftfuse.graph.values import Node, fake_tensor, level as graph_level, rewire, user_location
+from draftfuse.graph.selection import as_selection, readers, rewire_readers
+from draftfuse.graph.values import Node, erase_emitted, erase_unused, fake_tensor, level as graph_level, user_location
 from draftfuse.kernels import selection_kernels_available  # registers torch.ops.draftfuse.*
 from draftfuse.passes.report import PassReport, Refusal, Rewrite
-from draftfuse.passes.softmax_topk.emit import HALF, PASS_NAME, AtenEmitter, Emitter, SoftmaxParts, TorchEmitter
-from draftfuse.passes.softmax_topk.match import Match, Refuse, match
+from draftfuse.passes.softmax_topk.emit import PASS_NAME, AtenEmitter, Emitter, SoftmaxParts, TorchEmitter
+from draftfuse.passes.softmax_topk.match import HALF, Match, Refuse, match
 
 log = logging.getLogger("draftfuse.passes.softmax_topk")
 
@@ -151,19 +151,10 @@ def _emit(m: Match, parts: SoftmaxParts, wants_values: bool, probs: str, lowerin
 def _apply(m: Match, parts: SoftmaxParts, probs: str, lowering: str, erased: set[Node]) -> Rewrite:
     """Rewrite one match in place; the nodes it erases are added to `erased`."""
     sel = m.selection
-    graph = sel.node.graph
-    readers = {0: [], 1: []}
-    for user in list(sel.node.users) if sel.returns_pair else ():
-        readers[user.args[1]].append(user)
-    wants_values = bool(readers[0])
+    found = readers(sel)
+    wants_values = bool(found[0])
     index, value, rule, why_not = _emit(m, parts, wants_values, probs, lowering)
-    # Emitted: now point the readers at the new nodes (nothing below can fail halfway).
-    if not sel.returns_pair:
-        rewire(sel.node, index)
-    for user in readers[1]:
-        rewire(user, index)
-    for user in readers[0]:
-        rewire(user, value)
+    rewire_readers(sel, found, index, value)  # emitted: nothing below can fail halfway
     details = [f"dim {m.dim}"]
     if m.tensor_scale is not None:
         details.append(f"temperature tensor {m.tensor_scale.node.name}: the order of x * sign")
@@ -174,21 +165,11 @@ def _apply(m: Match, parts: SoftmaxParts, probs: str, lowering: str, erased: set
     if why_not:
         details.append(f"not the kernels: {why_not}")
     if m.half:
-        read = m.prob_casts[-1] if m.prob_casts else m.prob_dtype
-        details.append(f"reads {str(read).removeprefix('torch.')} probabilities: a rounding tie picks the larger logit")
+        details.append(f"reads {str(m.read_dtype).removeprefix('torch.')} probabilities: a rounding tie picks the larger logit")
     detail = "; ".join(details)
-    for node in [*readers[0], *readers[1], *m.matched]:
-        if not node.users and node.op != "placeholder" and node not in erased:
-            graph.erase_node(node)
-            erased.add(node)
+    erase_unused([*found[0], *found[1], *m.matched], erased)
     counters["draftfuse"][f"{PASS_NAME}.{'k1' if m.k == 1 else 'topk'}"] += 1
     return Rewrite(rule, tuple(n.name for n in m.matched if n.op != "placeholder"), detail, user_location(sel.node))
-
-
-def _erase_unused(nodes: list[Node]) -> None:
-    for node in reversed(nodes):
-        if not node.users:
-            node.graph.erase_node(node)
 
 
 def rewrite_graph(graph: torch.fx.Graph, *, probs: str = "exact", lowering: str = "torch", half_probs: str = "rewrite") -> PassReport:
@@ -206,7 +187,7 @@ def rewrite_graph(graph: torch.fx.Graph, *, probs: str = "exact", lowering: str 
         try:
             m = match(sel, level, effects)
             if m is not None and m.half and half_probs == "keep":
-                raise Refuse(f'reads {str(m.prob_casts[-1] if m.prob_casts else m.prob_dtype).removeprefix("torch.")} probabilities and half_probs="keep"')
+                raise Refuse(f'reads {str(m.read_dtype).removeprefix("torch.")} probabilities and half_probs="keep"')
         except Refuse as refusal:
             report.refusals.append(Refusal(node.name, str(refusal), user_location(node)))
             continue
@@ -225,12 +206,7 @@ def rewrite_graph(graph: torch.fx.Graph, *, probs: str = "exact", lowering: str 
             report.rewrites.append(_apply(m, parts, probs, lowering, erased))
         except Exception as error:
             log.warning("%s: internal error rewriting %s", PASS_NAME, node.name, exc_info=True)
-            emitted = []
-            cursor = start.next
-            while cursor is not parts.emit.cursor.next and cursor.op != "root":
-                emitted.append(cursor)
-                cursor = cursor.next
-            _erase_unused(emitted)
+            erase_emitted(start, parts.emit.cursor)
             parts_by_softmax.pop(m.softmax.node, None)
             report.refusals.append(Refusal(node.name, f"internal error: {error!r}", user_location(node)))
             continue

@@ -36,6 +36,7 @@ import torch
 import torch.distributed as dist
 
 from draftfuse.passes.report import PassReport, PassResult, run_on_copy
+from draftfuse.passes.softmax_topk.rewrite import check_options
 from draftfuse.passes.vocab_parallel.emit import PASS_NAME
 from draftfuse.passes.vocab_parallel.rewrite import has_gather, rewrite_graph
 
@@ -45,7 +46,9 @@ def rewrite_vocab_parallel(
 ) -> PassResult:
     """Localise every all_gather -> softmax -> selection of `gm` (Dynamo or ATen graph). Returns a new
     GraphModule (`gm` is untouched) and the report; never raises on a graph (rewrite_graph refuses
-    what fails; a graph that then does not lint comes back as it was). Options as rewrite_softmax_topk's."""
+    what fails; a graph that then does not lint comes back as it was). Options as rewrite_softmax_topk's;
+    an option it does not know raises ValueError."""
+    check_options(probs, lowering, half_probs)
     return run_on_copy(gm, PASS_NAME, lambda graph: rewrite_graph(graph, probs=probs, lowering=lowering, half_probs=half_probs))
 
 

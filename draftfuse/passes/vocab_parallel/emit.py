@@ -25,7 +25,7 @@ from typing import Any
 
 import torch
 
-from draftfuse.graph.values import Node, fake_tensor, insert_after
+from draftfuse.graph.values import Node, fake_tensor
 from draftfuse.passes.softmax_topk.emit import AtenEmitter, TorchEmitter
 from draftfuse.passes.softmax_topk.rewrite import _kernel_choice, _replay_casts
 from draftfuse.passes.vocab_parallel.match import VocabMatch
@@ -38,11 +38,7 @@ PASS_NAME = "vocab_parallel"
 class _Spelled:
     """New nodes carry this pass's provenance; `replay` re-emits a node of the graph on new inputs."""
 
-    def _node(self, op: str, target: Any, args: tuple, kwargs: dict | None = None) -> Node:
-        self.cursor = insert_after(
-            self.cursor, op, target, args, kwargs, origin=self.origin, provenance=f"{PASS_NAME}: replaces {self.origin.name}"
-        )
-        return self.cursor
+    pass_name = PASS_NAME
 
     def replay(self, node: Node, source: Node, new: Node, args: tuple | None = None, kwargs: dict | None = None) -> Node:
         args, kwargs = torch.fx.node.map_arg(
@@ -201,8 +197,8 @@ def emit_selection(vm: VocabMatch, emit: Any, wants_values: bool, probs: str, lo
         details.append(f"padded vocabulary: {found.keep} real of {vm.tp * found.shard_vocab}, the rest masked")
     if wants_values:
         kind = "log-probabilities" if m.log else "probabilities"
-        details.append(f"{kind} 1 (probs='ones')" if stats is False else f"{kind} from the merged max and exp-sum")
-    if why_not and lowering != "torch":
+        details.append(f"{kind} 1 (probs='ones')" if not stats else f"{kind} from the merged max and exp-sum")
+    if why_not:
         details.append(f"not the kernels: {why_not}")
     if m.half:
         details.append("reads half-precision probabilities: a rounding tie picks the larger logit")

@@ -1,7 +1,7 @@
 """The gather: which collective brings the vocabulary shards together, from which process group, and
 where the gathered value starts its way to the softmax.
 
-    find_gather(node) -> Gather | None      walking back from the logits through data movement only
+    as_gather(node) -> Gather | None        walking back from the logits through data movement only
 
 Recognised, at both levels unless said:
   * `_c10d_functional.all_gather_into_tensor(shard, group_size, group_name)` + `wait_tensor`: what
@@ -48,7 +48,6 @@ if dist.is_available():
 else:  # pragma: no cover - torch built without distributed
     _FUNCOL_CALLS = set()
 _BUFFERS = {torch.empty, torch.zeros, "new_empty", "new_zeros", torch.empty_like, torch.zeros_like}
-_DTENSOR_METHODS = {"full_tensor", "redistribute", "to_local"}
 
 
 @dataclasses.dataclass

@@ -24,7 +24,7 @@ import torch
 from draftfuse.graph.effects import Effects
 from draftfuse.graph.selection import Selection
 from draftfuse.graph.values import Node, fake_tensor, target_key
-from draftfuse.passes.softmax_topk.match import SOFTMAX_SPELLINGS, Match, Refuse, as_cast, as_scale, peel_logits
+from draftfuse.passes.softmax_topk.match import SOFTMAX_SPELLINGS, Match, Refuse, as_cast, as_scale
 from draftfuse.passes.softmax_topk.match import match as match_softmax
 from draftfuse.passes.vocab_parallel import layout
 from draftfuse.passes.vocab_parallel.gather import Gather, as_gather, is_gather_node
@@ -115,7 +115,7 @@ def match(sel: Selection, level: str, effects: Effects, half_probs: str = "rewri
         return None
     if m.half and half_probs == "keep":
         raise Refuse('reads half-precision probabilities and half_probs="keep"')
-    if getattr(m, "tensor_scale", None) is not None:
+    if m.tensor_scale is not None:
         raise Refuse(f"temperature {m.tensor_scale.node.name} is a tensor: not localised (softmax_topk selects on the gathered logits)")
     found = reassemble(gather, m.logits)
     if found.dim != m.dim:
@@ -136,8 +136,7 @@ def match(sel: Selection, level: str, effects: Effects, half_probs: str = "rewri
             raise Refuse(f"a padded vocabulary of {found.keep} real entries leaves rank 0's shard ({found.shard_vocab}) partly padded")
         if found.dim != fake_tensor(m.logits).dim() - 1:
             raise Refuse("a padded vocabulary along a dim other than the last")
-    _, peeled, _ = peel_logits(m.softmax.scores)
-    return VocabMatch(m, gather, found, list(reversed(peeled)), compute, pattern)
+    return VocabMatch(m, gather, found, list(reversed(m.peeled)), compute, pattern)
 
 
 __all__ = ["VocabMatch", "is_gather_node", "match", "reads_gather"]

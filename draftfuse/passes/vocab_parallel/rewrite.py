@@ -15,11 +15,10 @@ import torch
 from torch._dynamo.utils import counters
 
 from draftfuse.graph.effects import Effects
-from draftfuse.graph.selection import as_selection
-from draftfuse.graph.values import Node, level as graph_level, rewire, user_location
+from draftfuse.graph.selection import as_selection, readers, rewire_readers
+from draftfuse.graph.values import Node, erase_emitted, erase_unused, level as graph_level, user_location
 from draftfuse.passes.report import PassReport, Refusal, Rewrite
 from draftfuse.passes.softmax_topk.match import Refuse
-from draftfuse.passes.softmax_topk.rewrite import check_options
 from draftfuse.passes.vocab_parallel.emit import PASS_NAME, AtenVocabEmitter, TorchVocabEmitter, emit_selection
 from draftfuse.passes.vocab_parallel.match import VocabMatch, is_gather_node, match
 
@@ -33,15 +32,10 @@ def has_gather(graph: torch.fx.Graph) -> bool:
 
 def _apply(vm: VocabMatch, emit, probs: str, lowering: str, erased: set[Node]) -> Rewrite:
     sel = vm.m.selection
-    getitems = list(sel.node.users) if sel.returns_pair else []  # match checked: getitem 0 (values) or 1 (ids)
-    index, value, rule, detail = emit_selection(vm, emit, any(g.args[1] == 0 for g in getitems), probs, lowering)
-    for reader in getitems or [sel.node]:
-        rewire(reader, value if reader in getitems and reader.args[1] == 0 else index)
-    graph = sel.node.graph
-    for node in reversed([*vm.pattern, *getitems]):
-        if not node.users and node.op != "placeholder" and node not in erased:
-            graph.erase_node(node)
-            erased.add(node)
+    found = readers(sel)  # match checked: getitem 0 (values) or 1 (ids)
+    index, value, rule, detail = emit_selection(vm, emit, bool(found[0]), probs, lowering)
+    rewire_readers(sel, found, index, value)
+    erase_unused([*found[0], *found[1], *reversed(vm.pattern)], erased)
     counters["draftfuse"][f"{PASS_NAME}.{'k1' if vm.m.k == 1 else 'topk'}"] += 1
     names = tuple(n.name for n in vm.pattern if n.op != "placeholder")
     return Rewrite(rule, names, detail, user_location(sel.node))
@@ -62,19 +56,13 @@ def _apply_or_undo(vm: VocabMatch, emit, probs: str, lowering: str, erased: set[
     try:
         return _apply(vm, emit, probs, lowering, erased)
     except Exception:
-        emitted = []
-        while emit.cursor is not anchor:
-            emitted.append(emit.cursor)
-            emit.cursor = emit.cursor.prev
-        for new in emitted:
-            if not new.users:
-                new.graph.erase_node(new)
+        erase_emitted(anchor, emit.cursor)
         raise
 
 
 def rewrite_graph(graph: torch.fx.Graph, *, probs: str = "exact", lowering: str = "torch", half_probs: str = "rewrite") -> PassReport:
-    """Localise every all_gather -> softmax -> selection of `graph` in place and report; never raises."""
-    check_options(probs, lowering, half_probs)
+    """Localise every all_gather -> softmax -> selection of `graph` in place and report; never raises
+    on a graph (options: checked by the caller)."""
     report = PassReport(PASS_NAME)
     if not has_gather(graph):
         return report
