@@ -439,3 +439,9 @@ class Refusals(_FakeGroup):
         finally:
             emit.local_logits = original
         self.assertIn("internal error: RuntimeError('boom')", report)
+
+
+def test_an_unknown_option_raises():
+    """As rewrite_softmax_topk: a misspelt option is the caller's error, not a note in the report."""
+    with pytest.raises(ValueError, match="probs must be one of"):
+        rewrite_vocab_parallel(torch.fx.symbolic_trace(lambda x: x + 1), probs="bogus")
