@@ -25,7 +25,7 @@ from collections.abc import Callable
 import torch
 
 from benchmarks import _drafts
-from benchmarks._rows import row
+from benchmarks._rows import DRAFT_VARIANTS, row
 from draftfuse import _measure
 
 # CUDA graph trees record on the 2nd call and replay from the 3rd; the rounds after that let clocks settle.
@@ -109,7 +109,7 @@ def bench_draft(
             _log(f"launch counting failed: {_measure.report_error(exc)}")
 
     rows = []
-    for variant in _drafts.VARIANTS:
+    for variant in DRAFT_VARIANTS:
         fields = {"compile_cold_s": cold.get(variant), "compile_warm_s": warm.get(variant)}
         if variant in errors or variant not in samples:
             fields["error"] = errors.get(variant, "not run")

@@ -66,8 +66,6 @@ from _layers import causal_mask  # noqa: E402
 from draftfuse.runtime.draft_loop import draft_loop  # noqa: E402
 from draftfuse.runtime.fold import fold  # noqa: E402
 
-from benchmarks._rows import DRAFT_VARIANTS as VARIANTS  # noqa: E402  (the variants, in this order)
-
 STEPS = 3  # recurrent steps after the seed
 TEMPERATURE = 0.7  # the draft model's sampling temperature (its example's default)
 MODE = "reduce-overhead"
@@ -149,7 +147,7 @@ def _raw_cuda_graph(fn: Callable, args: tuple, inputs: tuple[int, ...], **kwargs
             if "graph" not in state:
                 capture()  # the first call: compile, warm up, capture (its outputs: the replay's below)
             state["graph"].replay()
-            return tuple(t.clone() for t in state["outputs"])
+            return _cloned(state["outputs"])
 
         return call
 

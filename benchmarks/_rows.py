@@ -9,6 +9,8 @@ host time is null on a GPU: the call waits on the device).
 
 from __future__ import annotations
 
+import re
+
 WORKLOADS = ("mtp", "eagle", "draft_model", "selection")  # the workloads run.py measures
 DRAFT_WORKLOADS = ("mtp", "eagle", "draft_model")
 TITLES = {
@@ -25,7 +27,14 @@ ROW_KEYS = (
 )  # fmt: skip
 DRAFT_VARIANTS = ("eager", "eager_seed+captured_loop", "hand_fold+hand_argmax", "raw_cuda_graph", "draftfuse")
 SELECTION_VARIANTS = ("floor", "softmax+topk", "torch.argmax", "torch.topk", "draftfuse")
-_ORDER = (*DRAFT_VARIANTS, *SELECTION_VARIANTS, "all_gather+softmax+topk")
+TP_GATHER = "all_gather+softmax+topk"  # tp_selection's baseline variant: the logits gathered, then selected
+_ORDER = (*DRAFT_VARIANTS, *SELECTION_VARIANTS, TP_GATHER)
+
+
+def results_name(device_name: str) -> str:
+    """The NAME of the results files (NAME.json, NAME_tp.json, ...) of a GPU named `device_name`
+    (torch.cuda.get_device_name): h200 on an H200, else the name in lower case with dashes."""
+    return "h200" if "H200" in device_name else re.sub(r"[^a-z0-9]+", "-", device_name.lower()).strip("-")
 
 
 def row(workload: str, batch: int, vocab: int | None, k: int | None, dtype: str, variant: str, **fields) -> dict:

@@ -20,17 +20,15 @@ either index).
 
 from __future__ import annotations
 
-import inspect
 from collections.abc import Callable
 
 import torch
 
 from benchmarks import selection
 from benchmarks._rows import row
+from benchmarks.targets import SELECTION_KS
 from draftfuse import _measure
 
-KS = (1, 4, 8, 16)
-TEMPERATURE_KS = KS
 PROFILED_CALLS = 5
 
 
@@ -40,14 +38,16 @@ def variants(k: int) -> dict[str, str]:
     return {"softmax+topk": "softmax+topk", "torch": torch_variant, "draftfuse": "draftfuse"}
 
 
+def _plan() -> list[tuple[int, str | None, str, str]]:
+    """(k, temperature, selection_call's method, variant) of every row of a shape, in row order: each k's
+    plain rows, then each k's temperature-tensor rows."""
+    plan = [(k, None, method, variant) for k in SELECTION_KS for method, variant in variants(k).items()]
+    return plan + [(k, "tensor", v, v) for k in SELECTION_KS for v in ("softmax+topk", "draftfuse")]
+
+
 def _tempered_call(variant: str, k: int, t: torch.Tensor) -> Callable[[torch.Tensor], object]:
     if variant == "softmax+topk":
         return lambda x: torch.topk(torch.softmax(x.float() / t[:, None], -1), k)
-    if "scale" not in inspect.signature(selection.selection_call).parameters:
-        raise NotImplementedError(
-            "benchmarks.selection.selection_call has no `scale` argument yet: the temperature rows need "
-            "selection_call(method, k, tile, scale=None) and the draftfuse kernels' scale operand"
-        )
     return selection.selection_call("draftfuse", k, None, scale=1 / t)
 
 
@@ -85,10 +85,8 @@ def bench_selection_shape(
     if bandwidth:
         rows.append(row("selection", batch, vocab, None, dtype_name, "floor", median_us=nbytes / bandwidth * 1e6))
 
-    plan = [(k, None, method, variant) for k in KS for method, variant in variants(k).items()]
-    plan += [(k, "tensor", variant, variant) for k in TEMPERATURE_KS for variant in ("softmax+topk", "draftfuse")]
     calls = {}
-    for k, temperature, method, variant in plan:
+    for k, temperature, method, variant in _plan():
         made = row("selection", batch, vocab, k, dtype_name, variant, temperature=temperature)
         try:
             if temperature is None:
@@ -121,6 +119,4 @@ def bench_selection_shape(
 
 def failed_rows(dtype_name: str, vocab: int, batch: int, error: str) -> list[dict]:
     """The rows of a shape whose setup failed (e.g. out of memory), each with the error."""
-    plan = [(k, None, v) for k in KS for v in variants(k).values()]
-    plan += [(k, "tensor", v) for k in TEMPERATURE_KS for v in ("softmax+topk", "draftfuse")]
-    return [row("selection", batch, vocab, k, dtype_name, v, temperature=tmp, error=error) for k, tmp, v in plan]
+    return [row("selection", batch, vocab, k, dtype_name, v, temperature=tmp, error=error) for k, tmp, _, v in _plan()]

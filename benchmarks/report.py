@@ -28,6 +28,7 @@ if __name__ == "__main__":
 
 from benchmarks import targets as _targets  # noqa: E402
 from benchmarks._rows import DRAFT_VARIANTS, DRAFT_WORKLOADS, TITLES, row_key, sort_key  # noqa: E402
+from benchmarks.targets import quotient  # noqa: E402
 
 RESULTS = REPO / "benchmarks" / "results"
 MISSES_SHOWN = 8  # misses listed per target in the summary; the rest under "Target points"
@@ -92,10 +93,6 @@ def _get(by_variant: dict[str, dict], variant: str, field: str = "median_us"):
     return by_variant.get(variant, {}).get(field)
 
 
-def _ratio(a: float | None, b: float | None) -> float | None:
-    return a / b if a is not None and b else None
-
-
 def _verdict(ok: bool | None) -> str:
     return "n/a" if ok is None else ("met" if ok else "**missed**")
 
@@ -123,8 +120,8 @@ def _draft_section(workload: str, rows: list[dict]) -> list[str]:
     body = []
     for (batch,), v in sorted(_by(rows, "batch").items()):
         cells = [batch] + [_fmt(_get(v, name)) for name in DRAFT_VARIANTS]
-        cells += [_fmt(_ratio(_get(v, captured), _get(v, ours)), 3), _fmt(_ratio(_get(v, ours), _get(v, hand)), 3)]
-        cells += [_fmt(_ratio(_get(v, ours), _get(v, raw)), 3)]
+        cells += [_fmt(quotient(_get(v, captured), _get(v, ours)), 3), _fmt(quotient(_get(v, ours), _get(v, hand)), 3)]
+        cells += [_fmt(quotient(_get(v, ours), _get(v, raw)), 3)]
         cells += [_fmt(_get(v, name, "host_us_per_call")) for name in (hand, raw, ours)]
         cells += [_fmt(_get(v, ours, "graph_launches_per_call"), 2)]
         body.append(cells)
@@ -154,8 +151,8 @@ def _baseline_section(rows: list[dict], baseline: list[dict]) -> list[str]:
     for workload in DRAFT_WORKLOADS:
         for batch in sorted(b for w, b in then if w == workload):
             new, old = now.get((workload, batch), {}), then[workload, batch]
-            ratio = _ratio(_get(new, "draftfuse"), _get(old, "draftfuse"))
-            drift = _ratio(_get(new, "hand_fold+hand_argmax"), _get(old, "hand_fold+hand_argmax"))
+            ratio = quotient(_get(new, "draftfuse"), _get(old, "draftfuse"))
+            drift = quotient(_get(new, "hand_fold+hand_argmax"), _get(old, "hand_fold+hand_argmax"))
             body.append([workload, batch, _fmt(_get(new, "draftfuse")), _fmt(_get(old, "draftfuse")), _fmt(ratio, 3),
                          _fmt(drift, 3)])  # fmt: skip
     header = ["workload", "batch", "draftfuse µs now", "draftfuse µs then", "now / then",
@@ -169,11 +166,11 @@ def _selection_section(rows: list[dict]) -> list[str]:
     body = []
     for (dtype, k, vocab, batch), v in _by(plain, "dtype", "k", "vocab", "batch").items():
         floor, ours = floors.get((dtype, vocab, batch)), _get(v, "draftfuse")
-        target = None if floor is None else max(1.5 * floor, 5.0) if k == 1 else max(3 * floor, 8.0)
-        speedup = _ratio(_get(v, "softmax+topk"), ours)
+        target = _targets.selection_limit(k, batch, floor)[0]
+        speedup = quotient(_get(v, "softmax+topk"), ours)
         cells = [dtype, k, vocab, batch, _fmt(floor, 2), _fmt(_get(v, "softmax+topk"), 2)]
         cells += [_fmt(_get(v, "torch.argmax" if k == 1 else "torch.topk"), 2), _fmt(ours, 2), _fmt(target, 2)]
-        cells += [_fmt(_ratio(ours, target), 2), _fmt(speedup, 1), _fmt(_get(v, "draftfuse", "host_us_per_call"), 1)]
+        cells += [_fmt(quotient(ours, target), 2), _fmt(speedup, 1), _fmt(_get(v, "draftfuse", "host_us_per_call"), 1)]
         cells += [_fmt(_get(v, "draftfuse", "tokens_match"))]
         body.append(cells)
     header = ["dtype", "k", "vocab", "batch", "floor µs", "softmax+topk µs", "torch.argmax / topk µs"]
@@ -195,7 +192,7 @@ def _selection_section(rows: list[dict]) -> list[str]:
         body = []
         for (dtype, k, vocab, batch), v in _by(tempered, "dtype", "k", "vocab", "batch").items():
             base, ours = _get(v, "softmax+topk"), _get(v, "draftfuse")
-            cells = [dtype, k, vocab, batch, _fmt(base, 2), _fmt(ours, 2), _fmt(_ratio(base, ours), 1)]
+            cells = [dtype, k, vocab, batch, _fmt(base, 2), _fmt(ours, 2), _fmt(quotient(base, ours), 1)]
             body.append(cells + [_fmt(_get(v, name, "tokens_match")) for name in ("softmax+topk", "draftfuse")])
         header = ["dtype", "k", "vocab", "batch", "softmax(x / t) + topk µs", "draftfuse (scale = 1 / t) µs",
                   "softmax+topk / draftfuse", "softmax+topk tokens", "draftfuse tokens"]  # fmt: skip
@@ -209,7 +206,7 @@ def _tp_section(tp_rows: list[dict]) -> list[str]:
     body = []
     for (tp, dtype, vocab, batch, k), v in sorted(_by(tp_rows, "tp", "dtype", "vocab", "batch", "k").items(), key=str):
         gather, ours = _get(v, _targets.TP_GATHER), _get(v, "draftfuse")
-        cells = [tp, _fmt(dtype), vocab, batch, k, _fmt(gather, 2), _fmt(ours, 2), _fmt(_ratio(gather, ours), 2)]
+        cells = [tp, _fmt(dtype), vocab, batch, k, _fmt(gather, 2), _fmt(ours, 2), _fmt(quotient(gather, ours), 2)]
         body.append(cells + [_fmt(_get(v, name, "tokens_match")) for name in (_targets.TP_GATHER, "draftfuse")])
     header = ["tp", "dtype", "vocab", "batch", "k", f"{_targets.TP_GATHER} µs", "draftfuse µs",
               f"{_targets.TP_GATHER} / draftfuse", "gather tokens", "draftfuse tokens"]  # fmt: skip

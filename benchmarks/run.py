@@ -31,7 +31,6 @@ import argparse
 import contextlib
 import datetime
 import gc
-import re
 import sys
 import time
 import warnings
@@ -45,7 +44,7 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))  # draftfuse and benchmarks from this checkout: nothing needs installing
 
 from benchmarks import _draft_bench, _selection_bench, report, targets  # noqa: E402
-from benchmarks._rows import DRAFT_VARIANTS, DRAFT_WORKLOADS, WORKLOADS, row, row_key  # noqa: E402
+from benchmarks._rows import DRAFT_VARIANTS, DRAFT_WORKLOADS, WORKLOADS, results_name, row, row_key  # noqa: E402
 from draftfuse import _measure  # noqa: E402
 
 DRAFT_BATCHES, QUICK_DRAFT_BATCHES = (1, 8, 32, 64), (1, 32)
@@ -61,10 +60,7 @@ def _log(message: str) -> None:
 
 
 def _results_name(device: torch.device) -> str:
-    if device.type != "cuda":
-        return device.type
-    name = torch.cuda.get_device_name(device)
-    return "h200" if "H200" in name else re.sub(r"[^a-z0-9]+", "-", name.lower()).strip("-")
+    return results_name(torch.cuda.get_device_name(device)) if device.type == "cuda" else device.type
 
 
 class _Results:
@@ -151,10 +147,6 @@ def _failed_unit(workload: str, unit: tuple, dtype: torch.dtype, error: str) -> 
     return [row(workload, unit[0], None, 1, dtype_name, variant, error=error) for variant in DRAFT_VARIANTS]
 
 
-def _fmt(value) -> str:
-    return "–" if value is None else f"{value:.1f}"
-
-
 def main(argv: list[str] | None = None) -> None:
     args = _parse_args(argv)
     device = args.device
@@ -183,7 +175,7 @@ def main(argv: list[str] | None = None) -> None:
         partial = bool(args.only or args.batches)
         results = _Results(args.out, name, meta, partial, baseline, tp)
         _log(f"{meta['gpu']}, torch {meta['torch']}, size {args.size}, {args.rounds} rounds; copy bandwidth "
-             f"{_fmt(meta['copy_bandwidth_TBps'])} TB/s; writing {results.json_path}")  # fmt: skip
+             f"{report._fmt(meta['copy_bandwidth_TBps'], 2)} TB/s; writing {results.json_path}")  # fmt: skip
         _log(f"baseline (previous results): {baseline}; tensor-parallel rows: {tp}")
         if cuda:
             _warm_up_compiler(device)
@@ -210,7 +202,8 @@ def main(argv: list[str] | None = None) -> None:
                     torch.cuda.empty_cache()
             results.add(rows)
             shown = [r for r in rows if r["k"] in (1, None) and not r.get("temperature")]
-            summary = (f"{r['variant']} {_fmt(r['median_us'])} µs (host {_fmt(r['host_us_per_call'])})" for r in shown)
+            summary = (f"{r['variant']} {report._fmt(r['median_us'])} µs (host {report._fmt(r['host_us_per_call'])})"
+                       for r in shown)
             _log(f"{label}: " + " | ".join(summary))
             run["seconds"] = time.perf_counter() - _START
             results.write(run)

@@ -24,11 +24,11 @@ logits just written by the LM head would be); larger ones stream from DRAM. Logi
 
 import argparse
 import json
-import math
 
 import torch
 
 import draftfuse.kernels  # noqa: F401  (registers torch.ops.draftfuse.*)
+from benchmarks.targets import selection_limit
 from draftfuse import _measure  # noqa: E402
 from draftfuse._measure import summary
 
@@ -75,13 +75,6 @@ def selection_call(method: str, k: int, tile: dict | None = None, scale: torch.T
     return lambda x: torch.ops.draftfuse.topk_prob(x, k, False, scale)
 
 
-def targets(k: int, batch: int, floor_us: float) -> tuple[float, float | None]:
-    """(time target in us, least speedup over softmax+topk or None) of issue 7's second wave."""
-    if k == 1:
-        return max(1.5 * floor_us, 5.0), None
-    return max(3 * floor_us, 8.0), (10.0 if batch <= 64 else None)
-
-
 def time_in_graph(call, inputs: list[torch.Tensor], replays: int = 30) -> dict:
     """Per-call time of `call` over `inputs`, all captured in one CUDA graph (median, p10, p90 in µs)."""
     return summary(_measure.time_in_graph(call, inputs, replays))
@@ -105,7 +98,7 @@ def bench_selection(
         for vocab in vocabs:
             for batch in batches:
                 nbytes = batch * vocab * dtype.itemsize
-                buffers = max(2, min(64, math.ceil(3 * l2_bytes / nbytes)))
+                buffers = _measure.rotation_count(nbytes, torch.device("cuda"))
                 inputs = [torch.randn(batch, vocab, device="cuda").mul_(4).to(dtype) for _ in range(buffers)]
                 scale = torch.rand(batch, device="cuda").add_(0.5).mul_(4 / 3) if scaled else None
                 floor_us = nbytes / bandwidth * 1e6
@@ -136,7 +129,7 @@ def _table(rows: list[dict]) -> str:
         line += "".join(f" {by_method[m]['median_us']:12.2f}" if m in by_method else f" {'-':>12}" for m in METHODS)
         ours = by_method.get("draftfuse")
         if ours:
-            target, least_speedup = targets(k, batch, floor)
+            target, least_speedup = selection_limit(k, batch, floor)
             met = ours["median_us"] <= target
             speedup = by_method["softmax+topk"]["median_us"] / ours["median_us"] if "softmax+topk" in by_method else float("nan")
             if least_speedup is not None:

@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import dataclasses
 
-from benchmarks._rows import DRAFT_WORKLOADS
+from benchmarks._rows import DRAFT_WORKLOADS, TP_GATHER
 
 SELECTION_VOCABS = (32000, 128256, 151936, 262144)
 SELECTION_BATCHES = (1, 8, 32, 64, 256)
@@ -34,7 +34,6 @@ SELECTION_DTYPES = ("bfloat16", "float32")
 SELECTION_KS = (1, 4, 8, 16)
 HOST_BATCHES, HOST_LIMIT_US = (1, 32), 30.0
 BASELINE_BATCHES = (1, 8, 32, 64)
-TP_GATHER = "all_gather+softmax+topk"
 
 # Why a target is missed, where known: {(target id, where or None): text}. Add an entry when a miss has
 # been analysed (notes/kernels.md for the kernels); a row's own "notes" field is used first.
@@ -138,8 +137,18 @@ def _us(r: dict | None) -> float | None:
     return None if r is None else r.get("median_us")
 
 
-def _quotient(a: float | None, b: float | None) -> float | None:
+def quotient(a: float | None, b: float | None) -> float | None:
+    """a / b, None where either is unknown or b is 0."""
     return a / b if a is not None and b else None
+
+
+def selection_limit(k: int, batch: int, floor_us: float | None) -> tuple[float | None, float | None]:
+    """(time limit in µs, least speedup over softmax+topk or None) of the selection targets at k and batch:
+    max(1.5 × floor, 5 µs) for k = 1, max(3 × floor, 8 µs) and, at batch <= 64, 10× for k > 1. The time
+    limit is None where the floor is unknown."""
+    if k == 1:
+        return (None if floor_us is None else max(1.5 * floor_us, 5.0)), None
+    return (None if floor_us is None else max(3 * floor_us, 8.0)), (10.0 if batch <= 64 else None)
 
 
 def draft_points(rows: list[dict], baseline: list[dict] | None) -> list[Point]:
@@ -157,7 +166,7 @@ def draft_points(rows: list[dict], baseline: list[dict] | None) -> list[Point]:
             old, new = then.get((workload, batch, "draftfuse")), drafts.get((workload, batch, "draftfuse"))
             where = f"{workload} batch {batch}"
             limit = 1.0 if _us(old) else None  # without a previous figure there is nothing to compare with
-            points.append(_bound("baseline", where, _quotient(_us(new), _us(old)), limit, "<=", "", new))
+            points.append(_bound("baseline", where, quotient(_us(new), _us(old)), limit, "<=", "", new))
     return points
 
 
@@ -173,16 +182,12 @@ def selection_points(rows: list[dict]) -> list[Point]:
                 for k in SELECTION_KS:
                     where = f"{dtype} V={vocab} B={batch}" + (f" k={k}" if k > 1 else "")
                     ours = plain.get((dtype, vocab, batch, k, "draftfuse"))
-                    if k == 1:
-                        limit = None if floor is None else max(1.5 * floor, 5.0)
-                        points.append(_bound("sel_k1", where, _us(ours), limit, "<=", " µs", ours))
-                        continue
-                    limit = None if floor is None else max(3 * floor, 8.0)
-                    points.append(_bound("sel_k", where, _us(ours), limit, "<=", " µs", ours))
-                    if batch <= 64:
+                    limit, least_speedup = selection_limit(k, batch, floor)
+                    points.append(_bound("sel_k1" if k == 1 else "sel_k", where, _us(ours), limit, "<=", " µs", ours))
+                    if least_speedup is not None:
                         base = plain.get((dtype, vocab, batch, k, "softmax+topk"))
-                        speedup = _quotient(_us(base), _us(ours))
-                        points.append(_bound("sel_speedup", where, speedup, 10.0, ">=", "×", ours, base))
+                        speedup = quotient(_us(base), _us(ours))
+                        points.append(_bound("sel_speedup", where, speedup, least_speedup, ">=", "×", ours, base))
     # The grid's temperature rows, and any others present (e.g. of a --quick or --batches run).
     grid = [(d, v, b, k, variant) for d in SELECTION_DTYPES for v in SELECTION_VOCABS for b in SELECTION_BATCHES
             for k in SELECTION_KS for variant in ("softmax+topk", "draftfuse")]  # fmt: skip
@@ -213,14 +218,14 @@ def tp_points(tp_rows: list[dict]) -> list[Point]:
                     points.append(_bound(target, f"tp {tp} V=128256 B=64 k={k}", None, limit, ">=", "×"))
                 for key, g in at.items():
                     gather, ours = g.get(TP_GATHER), g.get("draftfuse")
-                    speedup = _quotient(_us(gather), _us(ours))
+                    speedup = quotient(_us(gather), _us(ours))
                     points.append(_bound(target, _tp_where(key), speedup, limit, ">=", "×", ours, gather))
     if not any(tp in (4, 8) for tp in present):
         points.append(Point("tp_4x", "no tp 4 or 8 rows", None, 4.0, ">=", "×"))
     batch1 = {key: g for key, g in groups.items() if key[3] == 1}
     for key, g in sorted(batch1.items(), key=str):
         gather, ours = g.get(TP_GATHER), g.get("draftfuse")
-        ratio = _quotient(_us(ours), _us(gather))
+        ratio = quotient(_us(ours), _us(gather))
         points.append(_bound("tp_batch1", _tp_where(key), ratio, 1.0, "<=", "×", ours, gather))
     if not batch1:
         points.append(Point("tp_batch1", "no batch-1 rows", None, 1.0, "<=", "×"))

@@ -23,12 +23,14 @@ tokens_match compares draftfuse with the gather path (bf16: same rounding, the r
 
 Robustness: a row's error (on any rank) is recorded in the row and the run goes on; the ranks agree on
 every step through a gloo group, and rank 0's clock decides when --budget-s is spent (the rows left
-are recorded as skipped). Rank 0 writes DIR/h200_tp.json and prints the table last. NCCL_NVLS_ENABLE=0
-is set when absent (the lent machines need it).
+are recorded as skipped). Rank 0 writes DIR/NAME_tp.json (NAME as benchmarks/run.py names its results:
+h200 on an H200, else the device's name; benchmarks/report.py reads NAME_tp.json) and prints the table
+last. NCCL_NVLS_ENABLE=0 is set when absent (the lent machines need it).
 
 Estimate: each row compiles two small graphs (~5 s each: Inductor and Triton, shapes static), timing
 is under a second: 30 selection rows ~300 s; the drafts ~30 s per compile. The default order puts
-batches 1, 32, 256 first, then the drafts, then batches 8, 64, so a spent budget drops the least.
+batches 1 and 64 first (the rows the targets read), then 32 and 256, then the drafts, then batch 8, so
+a spent budget drops the least.
 """
 
 from __future__ import annotations
@@ -43,21 +45,25 @@ import traceback
 from pathlib import Path
 
 os.environ.setdefault("NCCL_NVLS_ENABLE", "0")
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # benchmarks and draftfuse from this checkout
 
 import torch  # noqa: E402
 import torch.distributed as dist  # noqa: E402
 
 import draftfuse  # noqa: E402
+from benchmarks._rows import TP_GATHER, results_name  # noqa: E402
+from draftfuse._measure import summary  # noqa: E402
 
 VOCABS = (128256, 151936, 262144)
-BATCHES = (1, 32, 256, 8, 64)  # the order rows run in: the last ones go first when the budget is spent
+BATCHES = (1, 64, 32, 256, 8)  # the order rows run in: the last ones go first when the budget is spent
+EARLY_BATCHES = (1, 64, 32, 256)  # run before the drafts (1 and 64: the rows of the targets)
 KS = (1, 4)
-GATHER, DRAFTFUSE = "all_gather+softmax+topk", "draftfuse"
+GATHER, DRAFTFUSE = TP_GATHER, "draftfuse"
 
 
 def parse(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--out", required=True, help="directory for h200_tp.json")
+    parser.add_argument("--out", required=True, help="directory for NAME_tp.json (NAME: h200 on an H200)")
     parser.add_argument("--quick", action="store_true", help="vocab 128256, batches 1 and 32, fewer samples, chain draft at batch 1")
     parser.add_argument("--budget-s", type=float, default=330.0, help="stop starting rows after this many seconds (default 330)")
     parser.add_argument("--vocabs", type=int, nargs="+", default=list(VOCABS))
@@ -105,14 +111,6 @@ def attempt(step) -> tuple[object, str | None]:
 # ---- measuring ----
 
 
-def quantile(samples: list[float], q: float) -> float:
-    s = sorted(samples)
-    position = q * (len(s) - 1)
-    low = int(position)
-    high = min(low + 1, len(s) - 1)
-    return s[low] + (s[high] - s[low]) * (position - low)
-
-
 def time_alternating(calls: dict[str, object], samples: int, reps: int) -> dict[str, dict[str, float]]:
     """µs per call of each of `calls`: per sample, `reps` calls back to back between two CUDA events;
     the variants alternate sample by sample."""
@@ -127,7 +125,7 @@ def time_alternating(calls: dict[str, object], samples: int, reps: int) -> dict[
             end.record()
             end.synchronize()
             times[name].append(start.elapsed_time(end) * 1e3 / reps)
-    return {name: {"median_us": quantile(t, 0.5), "p10_us": quantile(t, 0.1), "p90_us": quantile(t, 0.9)} for name, t in times.items()}
+    return {name: summary(t) for name, t in times.items()}
 
 
 def graph_launches(call, calls: int = 5) -> float:
@@ -222,7 +220,7 @@ def draft_rows(control: Control, draft_name: str, batch: int, args, device: torc
     def setup():
         import eagle_head
         import tp_draft
-        from _common import parse_args
+        from _common import _same_tokens, parse_args
 
         ex_args = parse_args("", ["--device", "cuda", "--size", "reference", "--batch", str(batch)], eagle_head._add_arguments)
         ex_args.device = device
@@ -239,7 +237,7 @@ def draft_rows(control: Control, draft_name: str, batch: int, args, device: torc
             for _ in range(3):
                 out = draft(sharded, token, hidden, pos, **kwargs)
             outs[name] = [t.clone() for t in (out if isinstance(out, tuple) else (out,))]
-        match = all(torch.equal(a, b) for a, b in zip(outs[DRAFTFUSE], outs["gather path"]) if not a.is_floating_point())
+        match = _same_tokens(outs[DRAFTFUSE], outs["gather path"])
         for row in rows.values():
             row["tokens_match"] = match
         state["calls"] = {name: (lambda d=d: d(sharded, token, hidden, pos, **kwargs)) for name, d in drafts.items()}
@@ -251,7 +249,7 @@ def draft_rows(control: Control, draft_name: str, batch: int, args, device: torc
 
 
 def plan(args) -> list[tuple]:
-    early = [b for b in args.batches if b in (1, 32, 256)] or args.batches
+    early = [b for b in args.batches if b in EARLY_BATCHES] or args.batches
     late = [b for b in args.batches if b not in early]
     steps = [("selection", v, b, k) for b in early for v in args.vocabs for k in args.ks]
     steps += [("draft", name, b) for b in args.draft_batches for name in (("chain",) if args.quick else ("chain", "tree"))]
@@ -314,7 +312,8 @@ def main(argv: list[str] | None = None) -> None:
             out.mkdir(parents=True, exist_ok=True)
             meta = {"torch": torch.__version__, "device": torch.cuda.get_device_name(device), "tp": dist.get_world_size(),
                     "elapsed_s": time.perf_counter() - control.start, "args": {k: v for k, v in vars(args).items()}}  # fmt: skip
-            (out / "h200_tp.json").write_text(json.dumps({"meta": meta, "rows": rows}, indent=1))
+            path = out / f"{results_name(meta['device'])}_tp.json"  # h200_tp.json on an H200, as report.py reads
+            path.write_text(json.dumps({"meta": meta, "rows": rows}, indent=1))
             print(table(rows))
         dist.destroy_process_group()
 

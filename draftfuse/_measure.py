@@ -4,7 +4,6 @@
                                    statistics, so the median is statistics.median's)
   rotation_count(nbytes, device)   how many input buffers span 3x the L2 cache, to rotate inputs through
                                    (large inputs then stream from DRAM, small ones stay L2-resident)
-  flush_l2(device)                 evict the L2 cache (write a buffer twice its size)
   device_time_us(call, device)     one call's device time: CUDA events around it from an idle device
                                    (launch gaps included); perf_counter on a CPU
   time_in_graph(call, inputs)      per-call kernel time of `call` over `inputs`, captured back to back in
@@ -58,9 +57,10 @@ def summary(samples: list[float]) -> dict[str, float]:
 # ---- the device ----
 
 
-def _synchronize(device: torch.device | None = None) -> None:
+def _synchronize() -> None:
+    """Wait for the current CUDA device, if CUDA is in use (a no-op otherwise)."""
     if torch.cuda.is_available() and torch.cuda.is_initialized():
-        torch.cuda.synchronize(device if device is not None and device.type == "cuda" else None)
+        torch.cuda.synchronize()
 
 
 def _l2_bytes(device: torch.device) -> int:
@@ -75,32 +75,16 @@ def rotation_count(nbytes: int, device: torch.device, span: float = 3.0, most: i
     return max(2, min(most, math.ceil(span * _l2_bytes(device) / nbytes)))
 
 
-_L2_SCRATCH: dict[int, torch.Tensor] = {}
-
-
-def flush_l2(device: torch.device) -> None:
-    """Evict the L2 cache of `device` (a no-op off CUDA): write a buffer twice its size, then synchronise."""
-    if device.type != "cuda":
-        return
-    index = device.index if device.index is not None else torch.cuda.current_device()
-    if index not in _L2_SCRATCH:
-        _L2_SCRATCH[index] = torch.empty(2 * _l2_bytes(device), dtype=torch.uint8, device=device)
-    _L2_SCRATCH[index].zero_()
-    torch.cuda.synchronize(device)
-
-
 # ---- device time ----
 
 
-def device_time_us(call: Callable[[], object], device: torch.device, flush: bool = False) -> float:
-    """µs of one call: on CUDA, events recorded around it on an idle device (synchronised before, and with
-    `flush` the L2 cache evicted first), so the time includes its launch gaps; on a CPU, perf_counter."""
+def device_time_us(call: Callable[[], object], device: torch.device) -> float:
+    """µs of one call: on CUDA, events recorded around it on an idle device (synchronised before), so the
+    time includes its launch gaps; on a CPU, perf_counter."""
     if device.type != "cuda":
         start = time.perf_counter()
         call()
         return (time.perf_counter() - start) * 1e6
-    if flush:
-        flush_l2(device)
     torch.cuda.synchronize(device)
     start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
     start.record()
@@ -133,8 +117,7 @@ def copy_bandwidth(device: torch.device, nbytes: int = 2**31, replays: int = 20)
     """Device-to-device copy bandwidth in bytes/s (bytes read plus bytes written), median of `replays`."""
     src = torch.randn(nbytes // 4, device=device)  # float32: torch's copy moves 16 bytes per access
     dst = torch.empty_like(src)
-    median_us = summary(time_in_graph(lambda x: dst.copy_(x), [src], replays))["median_us"]
-    del src, dst
+    median_us = summary(time_in_graph(dst.copy_, [src], replays))["median_us"]
     return 2 * nbytes / (median_us * 1e-6)
 
 

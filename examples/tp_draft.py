@@ -27,7 +27,7 @@ import warnings
 import torch
 import torch.distributed as dist
 import torch.nn.functional as F
-from _common import MODE, parse_args
+from _common import MODE, _max_float_diff, _same_tokens, parse_args
 from eagle_head import EagleHead, _inputs, draft_chain, draft_tree
 from torch import nn
 
@@ -37,7 +37,7 @@ from draftfuse.runtime.draft_loop import draft_loop
 
 class GatheredLMHead(nn.Module):
     """Rows [rank * S, (rank + 1) * S) of an LM head; the logits are all-gathered along the vocabulary
-    (what a column-parallel LM head with gather_output=True does). `ranks=None`: the one-process
+    (what a column-parallel LM head with gather_output=True does). `rank=None`: the one-process
     reference, every shard's matmul run here and concatenated (bit-identical logits)."""
 
     def __init__(self, full: nn.Linear, rank: int | None, tp: int) -> None:
@@ -71,14 +71,6 @@ def _add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--drafts", nargs="+", choices=["chain", "tree"], default=["chain", "tree"], help="which drafts (default both)")
 
 
-def _same(a, b) -> bool:
-    return all(torch.equal(x, y) for x, y in zip(a, b) if not x.is_floating_point())
-
-
-def _max_diff(a, b) -> float:
-    return max([(x.float() - y.float()).abs().max().item() for x, y in zip(a, b) if x.is_floating_point()], default=0.0)
-
-
 def _check_and_time(label: str, draft, inputs: tuple, reference_inputs: tuple, kwargs: dict, args) -> dict:
     rank, tp = dist.get_rank(), dist.get_world_size()
     runners = {"draftfuse": draft_loop(draft, mode=MODE)}
@@ -88,9 +80,9 @@ def _check_and_time(label: str, draft, inputs: tuple, reference_inputs: tuple, k
         reference = [t.clone() for t in draft(*reference_inputs, **kwargs)]
         outputs = {name: [t.clone() for t in run(*inputs, **kwargs)] for name, run in runners.items()}
     result = {
-        "tokens_match": _same(outputs["draftfuse"], reference),
-        "tokens_match_gather_path": _same(outputs["draftfuse"], outputs["gather path"]) if "gather path" in outputs else None,
-        "max_score_diff": _max_diff(outputs["draftfuse"], reference),
+        "tokens_match": _same_tokens(outputs["draftfuse"], reference),
+        "tokens_match_gather_path": _same_tokens(outputs["draftfuse"], outputs["gather path"]) if "gather path" in outputs else None,
+        "max_score_diff": _max_float_diff(outputs["draftfuse"], reference),
         "outputs": outputs["draftfuse"],
         "rewrites": [r.rule for record in runners["draftfuse"].compiles for rep in record.reports if rep.pass_name.startswith("vocab_parallel") for r in rep.rewrites],
     }

@@ -25,7 +25,6 @@ and prints the compact tables last.
 
 import argparse
 import json
-import math
 import os
 import subprocess
 import sys
@@ -154,9 +153,10 @@ def main():
     import torch
 
     _import_kernels()
-    from benchmarks.selection import copy_bandwidth, selection_call, targets, time_in_graph
+    from benchmarks.selection import copy_bandwidth, selection_call, time_in_graph
+    from benchmarks.targets import selection_limit
+    from draftfuse._measure import rotation_count
     from draftfuse.kernels import _triton_launch as ts
-    from draftfuse.kernels.selection import topk_prob_reference
     from tests.test_kernels import check_selection, rounding_ties, special_rows, special_scales
 
     vocabs, batches = (VOCABS, BATCHES) if not args.quick else ((32000, 128256), (1, 32))
@@ -287,7 +287,6 @@ def main():
 
     def grid():
         bandwidth = results["env"].get("copy_gbs", 0) * 1e9 or copy_bandwidth()
-        l2 = torch.cuda.get_device_properties(0).L2_cache_size
         for dtype_name in ("bfloat16", "float32"):
             dtype = getattr(torch, dtype_name)
             for vocab in vocabs:
@@ -296,7 +295,7 @@ def main():
                         log(f"budget: grid stops before {dtype_name} {vocab} {batch}")
                         return
                     nbytes = batch * vocab * dtype.itemsize
-                    buffers = max(2, min(64, math.ceil(3 * l2 / nbytes)))
+                    buffers = rotation_count(nbytes, torch.device(dev))
                     inputs = [torch.randn(batch, vocab, device=dev).mul_(4).to(dtype) for _ in range(buffers)]
                     scale = torch.rand(batch, device=dev).add_(0.5).mul_(4 / 3)
                     floor_us = nbytes / bandwidth * 1e6
@@ -318,7 +317,6 @@ def main():
 
     def sweep():
         bandwidth = results["env"].get("copy_gbs", 0) * 1e9 or copy_bandwidth()
-        l2 = torch.cuda.get_device_properties(0).L2_cache_size
         points = [("bfloat16", v, b, k) for v in (32000, 128256, 262144) for b in BATCHES for k in (1, 4, 16)]
         points += [("float32", 128256, b, k) for b in BATCHES for k in (1, 16)]
         if args.quick:
@@ -329,7 +327,7 @@ def main():
                 return
             dtype = getattr(torch, dtype_name)
             nbytes = batch * vocab * dtype.itemsize
-            buffers = max(2, min(64, math.ceil(3 * l2 / nbytes)))
+            buffers = rotation_count(nbytes, torch.device(dev))
             inputs = [torch.randn(batch, vocab, device=dev).mul_(4).to(dtype) for _ in range(buffers)]
             for variant in variants:
                 try:
@@ -386,8 +384,8 @@ def main():
     with open(os.path.join(args.out, "tune.json"), "w") as f:
         json.dump(results, f, indent=0, default=str)
     with open(os.path.join(args.out, "tables.txt"), "w") as f:
-        f.write(report(results, targets, full=True))
-    log(report(results, targets))
+        f.write(report(results, selection_limit, full=True))
+    log(report(results, selection_limit))
     log(f"total {results['seconds']:.0f} s")
 
 

@@ -191,3 +191,9 @@ def test_torch_logs_draftfuse_shows_graphs_and_reports():
     assert "draftfuse: Dynamo graph" in done.stderr  # the backend's logger
     assert "[softmax_topk] 1 rewrite," in done.stderr  # a pass report
     assert "draftfuse: graph handed to Inductor" in done.stderr
+
+
+def test_a_backend_with_fixed_options_refuses_torch_compiles_own():
+    fixed = backend.Backend(Options.parse(None, {"probs": "ones"}))
+    with pytest.raises(Exception, match="would be ignored"):
+        torch.compile(_pick, backend=fixed, options={"probs": "exact"}, fullgraph=True)(torch.randn(4, 16))

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import os
 import re
+import sys
 from typing import Any
 
 import torch
@@ -88,14 +89,23 @@ def normalise_dim(dim: Any, ndim: int | None) -> int | None:
     return dim % size if -size <= dim < size else None
 
 
-PACKAGE_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep
+_PACKAGE = os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep
+
+
+def user_frame() -> tuple[Any, int]:
+    """The innermost frame outside draftfuse, seen from the function that calls this one, and the
+    stacklevel that makes warnings.warn from that function point at it."""
+    level, frame = 1, sys._getframe(1)
+    while frame is not None and os.path.abspath(frame.f_code.co_filename).startswith(_PACKAGE):
+        level, frame = level + 1, frame.f_back
+    return frame, level
 
 
 def user_location(node: Node) -> str:
     """The innermost user frame of a node's stack trace, as "file:line" (empty when unknown); frames in
     draftfuse itself (fold()'s composition, the seam marker) are the user's caller's business, not theirs."""
     frames = re.findall(r'File "([^"]+)", line (\d+)', node.meta.get("stack_trace") or "")
-    outside = [f for f in frames if not os.path.abspath(f[0]).startswith(PACKAGE_DIR)]
+    outside = [f for f in frames if not os.path.abspath(f[0]).startswith(_PACKAGE)]
     frame = (outside or frames)[-1] if frames else None
     return f"{frame[0]}:{frame[1]}" if frame else ""
 

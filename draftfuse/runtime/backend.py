@@ -55,6 +55,11 @@ class Backend:
     def __call__(
         self, gm: torch.fx.GraphModule, example_inputs: Sequence[Any], mode: str | None = None, options: dict[str, Any] | None = None
     ) -> Callable[..., Any]:
+        if self.options is not None and (mode is not None or options):
+            raise ValueError(
+                "draftfuse: this Backend was built with its options (Backend(options)): torch.compile's "
+                f"mode={mode!r}/options={options!r} would be ignored; give them to Backend, or build it without options"
+            )
         parsed = self.options or Options.parse(mode, options)
         compiled, record = lower(prepare(gm, parsed), example_inputs, parsed)
         self.compiles.append(record)

@@ -44,8 +44,6 @@ import contextlib
 import functools
 import inspect
 import logging
-import os
-import sys
 import types
 import warnings
 import weakref
@@ -56,7 +54,7 @@ import torch
 from torch.utils._pytree import tree_map_only
 
 from draftfuse.graph.effects import defines_unbacked_symbols
-from draftfuse.graph.values import PACKAGE_DIR, user_location
+from draftfuse.graph.values import user_frame, user_location
 from draftfuse.options import Options
 from draftfuse.runtime import checks, translate
 from draftfuse.runtime.errors import DraftCaptureError, RecompileError
@@ -183,7 +181,7 @@ class DraftLoop:
             self._current_call = None
         if self._warn_cpu:
             self._warn_cpu = False
-            warnings.warn(_CPU_WARNING.format(name=getattr(self._fn, "__qualname__", ""), mode=self._options.mode), stacklevel=_user_frame()[1])
+            warnings.warn(_CPU_WARNING.format(name=getattr(self._fn, "__qualname__", ""), mode=self._options.mode), stacklevel=user_frame()[1])
         self._record_replay(args, kwargs, out)
         if self._zero_copy:
             return out
@@ -336,18 +334,9 @@ def _passes(entry: Any, f_locals: dict[str, Any] | None) -> bool:
         return False
 
 
-def _user_frame() -> tuple[Any, int]:
-    """The innermost frame outside draftfuse, seen from the function that calls this one, and the
-    stacklevel that makes warnings.warn from that function point at it."""
-    level, frame = 1, sys._getframe(1)
-    while frame is not None and os.path.abspath(frame.f_code.co_filename).startswith(PACKAGE_DIR):
-        level, frame = level + 1, frame.f_back
-    return frame, level
-
-
 def _caller_location() -> str:
     """file:line of the innermost frame outside draftfuse (the user's call of the draft)."""
-    frame, _ = _user_frame()
+    frame, _ = user_frame()
     return f"{frame.f_code.co_filename}:{frame.f_lineno}" if frame is not None else ""
 
 

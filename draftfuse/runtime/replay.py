@@ -31,11 +31,14 @@ import dis
 import logging
 import operator
 import re
+import warnings
 from collections.abc import Callable, Sequence
 from typing import Any
 
 import torch
 from torch.utils._pytree import tree_flatten, tree_unflatten
+
+from draftfuse.graph.values import user_frame
 
 log = logging.getLogger("draftfuse")
 
@@ -133,6 +136,13 @@ class GraphRecorder:
         self.generation += 1  # Replays of an earlier recording are stale
 
 
+def _no_fast_replay(why: str) -> None:
+    """Say (once per recording) that a draft's calls stay on the Dynamo path: correct, but each pays
+    Dynamo's guards and argument handling on the host (about 100 us)."""
+    _, level = user_frame()
+    warnings.warn(f"draftfuse: no fast replay for this draft: {why}; its calls go through Dynamo (correct, slower on the host)", stacklevel=level)
+
+
 def _dynamo_code_is_pure(code: Any, fetched: set[str]) -> bool:
     """Whether Dynamo's code for a frame only fetches the graph's inputs (attributes named in their
     sources, `fetched`), calls the compiled graph and builds the return value: no store, and no load of
@@ -169,7 +179,7 @@ def _fetcher(placeholder: Any, value: Any, scope: dict[str, Any]) -> Callable[[d
         if eval(code, {}, scope) is not value:
             raise LookupError(name)
     except Exception:
-        log.info("draftfuse: no fast replay: input %s is not found from the arguments", name)
+        _no_fast_replay(f"input {name} is not found from the arguments")
         return None
     if (plain := re.fullmatch(r"L\['(\w+)'\]", name)) is not None:
         return operator.itemgetter(plain.group(1))  # an argument itself: a dict lookup
@@ -234,7 +244,7 @@ class Replay:
     def build(cls, entry: Any, recorder: GraphRecorder, placeholders: list[Any], f_locals: dict[str, Any], output: Any) -> Replay | None:
         why = cls._unsound(entry, recorder, placeholders)
         if why:
-            log.info("draftfuse: no fast replay: %s", why)
+            _no_fast_replay(why)
             return None
         nodes = _guard_nodes(entry.guard_manager.root)
         scope = {"L": f_locals}
@@ -259,7 +269,7 @@ class Replay:
             return None
         template = cls._template(recorder, f_locals, output)
         if template is None:
-            log.info("draftfuse: no fast replay: the draft returns a tensor that is neither a graph output nor an argument")
+            _no_fast_replay("the draft returns a tensor that is neither a graph output nor an argument")
             return None
         return cls(entry.guard_manager, recorder, fetchers, held, template, written, identities)
 
