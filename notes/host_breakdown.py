@@ -1,0 +1,140 @@
+"""Where a draft call's host time goes, on a GPU: the benchmark's draft workloads (reference size),
+each timed the way benchmarks/run.py times host µs per call (draftfuse._measure.host_time: the GPU kept
+busy, so no call waits on it), in one process, side by side:
+
+  graph.replay() alone       the draft's own recorded CUDA graph, replayed with nothing around it: the
+                             floor of any runner of that graph
+  raw runner graph.replay()  the raw_cuda_graph variant's graph (the hand edit), replayed alone
+  raw_cuda_graph             that runner: input copies, replay, output clones
+  draftfuse zero-copy        draftfuse's replay path without the output copies
+  draftfuse                  draftfuse as used (outputs copied)
+  draftfuse checks only      Replay.matches on the call's locals (Dynamo's C++ guards, storage and
+                             identity checks), no GPU work; Dynamo guards only: its guard check alone
+  inputs: / outputs:         the replay path's copies alone, made each way they could be made
+  draftfuse Python only      draftfuse's call with the replay and the copies made no-ops
+
+Each figure is the median of 5 host_time batches. Usage (GPU): python notes/host_breakdown.py [--batches 1 32]
+"""
+
+import argparse
+import gc
+import json
+import statistics
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+import torch  # noqa: E402
+
+from benchmarks import _drafts  # noqa: E402
+from draftfuse import _measure  # noqa: E402
+from draftfuse.runtime.draft_loop import DraftLoop  # noqa: E402
+
+BUILDERS = {"mtp": _drafts.build_mtp, "eagle": _drafts.build_eagle, "draft_model": _drafts.build_draft_model}
+
+
+def host_us(call, device, repeats: int = 5) -> float | None:
+    if device.type != "cuda":  # a dry run of the script: plain perf_counter
+        return python_us(call, 200)
+    times = [_measure.host_time(call, device).us_per_call for _ in range(repeats)]
+    times = [t for t in times if t is not None]
+    return statistics.median(times) if times else None
+
+
+def python_us(call, calls: int = 2000) -> float:
+    start = time.perf_counter()
+    for _ in range(calls):
+        call()
+    return (time.perf_counter() - start) / calls * 1e6
+
+
+def breakdown(name: str, batch: int, device: torch.device, size: str) -> dict:
+    work = BUILDERS[name](size, batch, device, torch.bfloat16 if device.type == "cuda" else torch.float32)
+    raw = work.variants["raw_cuda_graph"]()
+    for _ in range(3):
+        raw()
+    raw_graph = raw.__closure__[raw.__code__.co_freevars.index("state")].cell_contents.get("graph")
+    before = {id(o) for o in gc.get_objects() if type(o) is DraftLoop}
+    ours = work.variants["draftfuse"]()
+    for _ in range(4):
+        ours()
+    loops = [o for o in gc.get_objects() if type(o) is DraftLoop and id(o) not in before and o._replays]
+    loop = loops[0]
+    replay = loop._replays[0]
+    seen = {}
+    bind = loop._bind
+    loop._bind = lambda args, kwargs: seen.setdefault("f_locals", bind(args, kwargs))
+    ours()
+    loop._bind = bind
+    f_locals = seen["f_locals"]
+    out = {"workload": name, "batch": batch}
+    if device.type == "cuda":
+        torch.cuda.synchronize()
+        out["graph.replay() alone"] = host_us(replay.recorder.graph.replay, device)
+        out["raw runner graph.replay()"] = host_us(raw_graph.replay, device)
+    out["raw_cuda_graph"] = host_us(raw, device)
+    loop._zero_copy = True
+    out["draftfuse zero-copy"] = host_us(ours, device)
+    loop._zero_copy = False
+    out["draftfuse"] = host_us(ours, device)
+    with torch.no_grad():
+        assert replay.matches(f_locals)
+        out["draftfuse checks only"] = python_us(lambda: replay.matches(f_locals))
+        out["Dynamo guards only"] = python_us(lambda: replay.guard.check(f_locals))
+    # The copies alone, each way they could be made (the same tensors as the replay path's).
+    recorder = replay.recorder
+    sources = [fetch(f_locals) for fetch in replay.fetchers]
+    buffers = [b if b is not None else torch.empty_like(s) for b, s in zip(recorder.buffers, sources)]  # None off CUDA
+    outputs = [recorder.flat_outputs()[i] for i in replay.graph_leaves]
+    if buffers:
+        out["inputs: one _foreach_copy_"] = host_us(lambda: torch._foreach_copy_(buffers, sources), device)
+        out["inputs: copy_ each"] = host_us(lambda: [b.copy_(s) for b, s in zip(buffers, sources)], device)
+        if all(t.is_contiguous() for t in buffers + sources):
+            as_bytes = [b.view(-1).view(torch.uint8) for b in buffers]
+            out["inputs: _foreach_copy_ of byte views"] = host_us(
+                lambda: torch._foreach_copy_(as_bytes, [s.view(-1).view(torch.uint8) for s in sources]), device
+            )
+    out["outputs: empty_like + one _foreach_copy_"] = host_us(
+        lambda: torch._foreach_copy_([torch.empty_like(t) for t in outputs], outputs), device
+    )
+    out["outputs: clone each"] = host_us(lambda: [t.clone() for t in outputs], device)
+    # draftfuse's Python alone: the same call with the replay and the copies made no-ops.
+    replay_method, run_clone = type(recorder).replay, loop._zero_copy
+    type(recorder).replay = lambda self, sources: None
+    loop._zero_copy = True
+    try:
+        out["draftfuse Python only (no GPU work)"] = python_us(ours)
+    finally:
+        type(recorder).replay, loop._zero_copy = replay_method, run_clone
+    out["inputs copied"] = len(replay.fetchers)
+    out["outputs copied"] = len(replay.graph_leaves)
+    return out
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--batches", type=int, nargs="+", default=[1, 32])
+    parser.add_argument("--only", nargs="+", default=list(BUILDERS))
+    parser.add_argument("--out", help="write the rows as JSON here")
+    parser.add_argument("--device", default="cuda", help="cuda; cpu only checks the script (size tiny)")
+    args = parser.parse_args()
+    device = torch.device(args.device)
+    size = "reference" if device.type == "cuda" else "tiny"
+    rows = []
+    for batch in args.batches:
+        for name in args.only:
+            row = breakdown(name, batch, device, size)
+            rows.append(row)
+            print(json.dumps({k: round(v, 1) if isinstance(v, float) else v for k, v in row.items()}), flush=True)
+            torch._dynamo.reset()
+            gc.collect()
+            if device.type == "cuda":
+                torch.cuda.empty_cache()
+    if args.out:
+        Path(args.out).write_text(json.dumps(rows, indent=1))
+
+
+if __name__ == "__main__":
+    main()
