@@ -10,7 +10,8 @@ busy, so no call waits on it), in one process, side by side:
   draftfuse                  draftfuse as used (outputs copied)
   draftfuse checks only      Replay.matches on the call's locals (Dynamo's C++ guards, storage and
                              identity checks), no GPU work; Dynamo guards only: its guard check alone
-  inputs: / outputs:         the replay path's copies alone, made each way they could be made
+  inputs: / outputs:         the copies alone, made each way they could be made (inputs: into buffers
+                             like the static buffers of a recording that copies its inputs)
   draftfuse Python only      draftfuse's call with the replay and the copies made no-ops
 
 Each figure is the median of 5 host_time batches. Usage (GPU): python notes/host_breakdown.py [--batches 1 32]
@@ -86,7 +87,7 @@ def breakdown(name: str, batch: int, device: torch.device, size: str) -> dict:
     # The copies alone, each way they could be made (the same tensors as the replay path's).
     recorder = replay.recorder
     sources = [fetch(f_locals) for fetch in replay.fetchers]
-    buffers = [b if b is not None else torch.empty_like(s) for b, s in zip(recorder.buffers, sources)]  # None off CUDA
+    buffers = [torch.empty_like(s) for s in sources]  # as the static buffers of a recording that copies its inputs
     outputs = [recorder.flat_outputs()[i] for i in replay.graph_leaves]
     if buffers:
         out["inputs: one _foreach_copy_"] = host_us(lambda: torch._foreach_copy_(buffers, sources), device)
@@ -108,7 +109,8 @@ def breakdown(name: str, batch: int, device: torch.device, size: str) -> dict:
         out["draftfuse Python only (no GPU work)"] = python_us(ours)
     finally:
         type(recorder).replay, loop._zero_copy = replay_method, run_clone
-    out["inputs copied"] = len(replay.fetchers)
+    out["inputs read in place"] = recorder.in_place  # the benchmark passes the same tensors on every call
+    out["inputs"] = len(replay.fetchers)
     out["outputs copied"] = len(replay.graph_leaves)
     return out
 

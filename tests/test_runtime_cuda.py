@@ -100,3 +100,55 @@ def _scaled(x, scale):
 def test_cpu_tensor_input_on_a_cuda_draft_raises():
     with pytest.raises(CudagraphSkipError, match="'scale' is a CPU tensor"):
         draft_loop(_scaled)(torch.randn(4, device="cuda"), torch.tensor(2.0))
+
+
+def _counting_copies(monkeypatch) -> list[int]:
+    """Count torch._foreach_copy_ calls (the replay path's input copies; with zero-copy outputs, its only copies)."""
+    calls, copy = [], torch._foreach_copy_
+    monkeypatch.setattr(torch, "_foreach_copy_", lambda *a, **k: (calls.append(1), copy(*a, **k))[1])
+    return calls
+
+
+def test_persistent_input_buffers_are_read_where_they_are(monkeypatch):
+    # A server keeps its input buffers and refills them for each draft: the graph reads them in place.
+    model, tokens, hidden, kv_cache, position = make_inputs("cuda")
+    compiled = draft_loop(draft, zero_copy_outputs=True)
+    for _ in range(_WARM_CALLS):
+        compiled(model, tokens, hidden, kv_cache, position)
+    recorder = compiled._replays[0].recorder
+    assert recorder.in_place and any(buffer is hidden for buffer in recorder.buffers)
+    copies = _counting_copies(monkeypatch)
+    for seed in (1, 2, 3):
+        new_tokens, new_hidden = _other_inputs(seed)
+        tokens.copy_(new_tokens)
+        hidden.copy_(new_hidden)
+        with torch.no_grad():
+            expected = draft(model, tokens, hidden, kv_cache.clone(), position)
+        got = compiled(model, tokens, hidden, kv_cache, position)
+        assert torch.equal(got[0], expected[0])
+        torch.testing.assert_close(got[1], expected[1], rtol=0, atol=1e-5)
+    assert not copies and recorder.in_place
+
+
+def test_other_input_tensors_record_again_over_static_buffers(monkeypatch):
+    model, tokens, hidden, kv_cache, position = make_inputs("cuda")
+    compiled = draft_loop(draft, zero_copy_outputs=True)
+    for _ in range(_WARM_CALLS):
+        compiled(model, tokens, hidden, kv_cache, position)
+    recorder = compiled._replays[0].recorder
+    copies = _counting_copies(monkeypatch)
+    for seed in (1, 2, 3, 4):
+        new_tokens, new_hidden = _other_inputs(seed)  # fresh tensors on every call, as most callers pass them
+        with torch.no_grad():
+            expected = draft(model, new_tokens, new_hidden, kv_cache.clone(), position)
+        got = compiled(model, new_tokens, new_hidden, kv_cache, position)
+        assert torch.equal(got[0], expected[0])
+        torch.testing.assert_close(got[1], expected[1], rtol=0, atol=1e-5)
+    assert not recorder.in_place and all(buffer is not hidden for buffer in recorder.buffers)
+    assert len(copies) == 4  # one copy launch per call from the first call with other tensors
+    hidden.copy_(_other_inputs(5)[1])  # the first tensors again, changed in place: copied now, read right
+    with torch.no_grad():
+        expected = draft(model, tokens, hidden, kv_cache.clone(), position)
+    got = compiled(model, tokens, hidden, kv_cache, position)
+    assert torch.equal(got[0], expected[0]) and len(copies) == 5
+    assert counters["inductor"]["cudagraph_skips"] == 0 and len(compiled.compiles) == 1

@@ -8,15 +8,20 @@ parts:
 
   * `GraphRecorder` wraps the Inductor-compiled region (compiled without Inductor's CUDA graphs). Its
     first call runs the region (the warm-up), its second captures it in a `torch.cuda.CUDAGraph` (a
-    private memory pool; parameters, buffers and the static inputs a draft writes are read where they
-    are, every other tensor input through a static copy) and replays it; later calls copy and replay.
+    private memory pool) and replays it. Parameters, buffers and the static inputs a draft writes are
+    read where they are. Every other tensor input is first read where that call's tensor is, and the
+    recorder holds on to it: a server passes the same persistent buffers on every call, and then no
+    call copies anything (the check is one data pointer per input: the same memory, of the shape,
+    strides and dtype the guards pin, is the same input). The first call with a tensor elsewhere
+    records once more, over static buffers, and from then on every call copies its inputs into them.
     Off CUDA it calls the region.
   * `Replay` is a recorded call that bypasses Dynamo: it checks Dynamo's own guards for the compiled
     frame (C++: argument shapes, dtypes, devices, the Python values the draft specialised on, module
     attributes, grad mode), plus an identity guard added to that guard tree for every static tensor
     (a replaced weight or KV cache fails it) and the data pointers of those tensors (one C-level map,
-    for `p.data = ...`); then copies the call's non-static tensors into the recorder's static buffers,
-    replays, and rebuilds the return value from the graph's outputs as Dynamo's code did.
+    for `p.data = ...`); then hands the call's non-static tensors to the recorder (read in place, or
+    copied into its static buffers), replays, and rebuilds the return value from the graph's outputs as
+    Dynamo's code did.
 A Replay is built only where it is sound: Dynamo's code for the frame must do nothing but call the
 graph (no attribute or item stores, no other calls: a side effect would be skipped), every non-static
 graph input must be found from the call's arguments by its Dynamo source, and every returned value
@@ -51,7 +56,7 @@ class GraphRecorder:
 
     def __init__(self, compiled: Callable[..., Any], static: Sequence[bool], written: set[int], device: torch.device) -> None:
         self.compiled = compiled
-        self.static = list(static)  # per graph input: read where it is (True) or through a static copy
+        self.static = list(static)  # per graph input: a weight, buffer or written input (True), read where it is
         self.written = written  # graph inputs the region writes in place (static): checked by address only
         self.device = device
         self.calls = 0  # calls through Dynamo (the fast path does not count)
@@ -60,12 +65,14 @@ class GraphRecorder:
         self.captured = False  # recorded (off CUDA: the static inputs are, and the region is called)
         self.generation = 0  # counts captures: a Replay of an older one is stale
         self.inputs: list[Any] = []  # what the graph reads: static inputs themselves, copies of the others
-        self.copies: list[tuple[int, torch.Tensor]] = []  # (input index, its static buffer)
-        self.buffers: list[torch.Tensor] = []  # the static buffers, in the order of `copies`
+        self.copies: list[tuple[int, torch.Tensor]] = []  # (input index, the tensor the graph reads it from)
+        self.buffers: list[torch.Tensor] = []  # those tensors (the held inputs, or static buffers), in order
         self.outputs: Any = None  # the graph's output tensors (static once captured)
         self._flat: tuple[Any, list[Any]] | None = None
         self.last_call_inputs: Sequence[Any] = ()  # the latest call's inputs, until a Replay is built
         self.pointers: list[int] = []  # data pointers of the static inputs the graph reads in place
+        self.in_place = device.type == "cuda"  # the graph reads the capture call's own input tensors (see the doc)
+        self.in_place_pointers: list[int] = []  # their data pointers, while it does
 
     def __call__(self, *inputs: Any) -> Any:
         self.calls += 1
@@ -101,14 +108,25 @@ class GraphRecorder:
         return [v.data_ptr() for v, static in zip(inputs, self.static) if static and isinstance(v, torch.Tensor)]
 
     def replay(self, sources: Sequence[torch.Tensor]) -> None:
-        """Run the recorded region on `sources` (the non-static inputs, in order): on CUDA, copy them into
-        the static buffers and replay the graph; elsewhere, call the region on them."""
+        """Run the recorded region on `sources` (the non-static inputs, in order): on CUDA, replay the graph
+        (after copying them into the static buffers, unless they are the held inputs it reads in place);
+        elsewhere, call the region on them."""
         if self.device.type != "cuda":
             inputs = list(self.inputs)
             for (index, _), source in zip(self.copies, sources):
                 inputs[index] = source
             self.outputs = self.compiled(*inputs)
             return
+        if self.in_place:
+            if list(map(torch.Tensor.data_ptr, sources)) == self.in_place_pointers:
+                self.graph.replay()  # the caller's tensors of the recording: nothing to copy
+                return
+            self.in_place = False  # a tensor elsewhere: record again over static buffers, for good
+            inputs = list(self.inputs)
+            for (index, _), source in zip(self.copies, sources):
+                inputs[index] = source
+            self._capture(inputs)
+            log.info("draftfuse: an input tensor of the recorded region is another one: recorded again over static buffers")
         if sources:
             torch._foreach_copy_(self.buffers, sources)
         self.graph.replay()
@@ -119,11 +137,17 @@ class GraphRecorder:
         self.inputs, self.copies = [], []
         for index, (value, static) in enumerate(zip(inputs, self.static)):
             if isinstance(value, torch.Tensor) and not static:
-                buffer = torch.empty_strided(value.shape, value.stride(), dtype=value.dtype, device=value.device) if cuda else None
+                if not cuda:
+                    buffer = None
+                elif self.in_place:
+                    buffer = value  # the caller's own tensor, held (its memory stays allocated while the graph reads it)
+                else:
+                    buffer = torch.empty_strided(value.shape, value.stride(), dtype=value.dtype, device=value.device)
                 self.copies.append((index, buffer))
                 value = buffer
             self.inputs.append(value)
         self.buffers = [buffer for _, buffer in self.copies]
+        self.in_place_pointers = [b.data_ptr() for b in self.buffers] if cuda and self.in_place else []
         if cuda:
             graph = torch.cuda.CUDAGraph()
             stream = torch.cuda.Stream(self.device)
