@@ -16,7 +16,7 @@ step() {  # step NAME SECONDS COMMAND...: run it, keep its log, report its exit 
 }
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem --format=csv
 python3 -c "import torch, triton; print('torch', torch.__version__, 'triton', triton.__version__)"
-step cuda_tests 240 python3 -m pytest -m cuda -q -p no:cacheprovider -rA --tb=short tests
+step cuda_tests 900 python3 -m pytest -m cuda -q -p no:cacheprovider -rA --tb=short tests
 step mtp_frozen_kv 150 python3 examples/mtp_frozen_kv.py --device cuda --batch 1 8 32
 step eagle_head 80 python3 examples/eagle_head.py --device cuda --size reference
 step draft_model 60 python3 examples/draft_model.py --device cuda --size reference
