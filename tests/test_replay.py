@@ -225,3 +225,25 @@ def test_weights_dynamo_guards_by_module_are_checked_too():
     want = draft_model.draft(model, token, pos, steps=2)
     assert recorder_calls(compiled) > calls, "the replaced weight sent the call through Dynamo"
     assert torch.equal(got[0], want[0]) and torch.allclose(got[1], want[1])
+
+
+def test_dynamic_shapes_record_again_for_other_sizes():
+    # draft_loop(dynamic=True): one compile serves every batch size; the recording is of one size at a time
+    # (it used to replay the first size's recording with the capture call's sizes: a crash or a wrong copy).
+    def greedy(head, hidden):
+        logits, hidden = head(hidden)
+        return torch.softmax(logits, -1).argmax(-1), hidden
+
+    head = Head()
+    compiled = draftfuse.draft_loop(greedy, dynamic=True)
+    with torch.no_grad():
+        for batch in (4, 4, 4, 6, 6, 6, 3, 4, 4, 4):
+            hidden = torch.randn(batch, 8)
+            tokens, out = compiled(head, hidden)
+            want_tokens, want = greedy(head, hidden)
+            assert torch.equal(tokens, want_tokens) and tokens.shape == (batch,)
+            torch.testing.assert_close(out, want)
+    assert len(compiled.compiles) <= 2  # the sizes are symbolic (one compile; the first size may be specialised)
+    recorder = next(r for r, _ in compiled._recorders if r.calls)
+    shapes = [tuple(size[0]) for size in recorder.sizes if isinstance(size, tuple)]
+    assert recorder.captured and (4, 8) in shapes and (3, 8) not in shapes  # recorded again for batch 4 at the end

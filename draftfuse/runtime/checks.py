@@ -117,7 +117,7 @@ def obstacles(gm: torch.fx.GraphModule, *, allow_dynamic: bool) -> list[DraftCap
             "re-records the CUDA graph, and Inductor skips CUDA graphs for data-dependent sizes",
             where=_first_use(located),
             fix="keep shapes fixed across calls (pad to a few fixed batch sizes), or pass dynamic=True to "
-            "draft_loop if one CUDA graph per size is what you want",
+            "draft_loop if one compile for every size is what you want (its CUDA graph is recorded again at each change of size)",
         ))  # fmt: skip
     return found
 

@@ -409,7 +409,9 @@ def draft_loop(
         checked here, at decoration.
     zero_copy_outputs: return the CUDA graph's own output tensors, overwritten by the next call.
     dynamic: torch.compile's `dynamic`; False (default) compiles one graph per input shape, which is
-        what CUDA graphs want; True allows symbolic shapes (one CUDA graph recorded per size).
+        what CUDA graphs want; True allows symbolic shapes: one compile serves every size, its CUDA
+        graph is recorded for one size at a time (a call of other sizes runs the region without it
+        and records again for them), which suits sizes that change now and then, not every call.
     max_compiles: compiles allowed per draft (per instance for methods) before RecompileError, whatever
         torch's recompile_limit is.
     """

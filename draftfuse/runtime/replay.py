@@ -71,6 +71,7 @@ class GraphRecorder:
         self._flat: tuple[Any, list[Any]] | None = None
         self.last_call_inputs: Sequence[Any] = ()  # the latest call's inputs, until a Replay is built
         self.pointers: list[int] = []  # data pointers of the static inputs the graph reads in place
+        self.sizes: tuple = ()  # the inputs' shapes and strides, and the numbers among them, when recorded
         self.in_place = device.type == "cuda"  # the graph reads the capture call's own input tensors (see the doc)
         self.in_place_pointers: list[int] = []  # their data pointers, while it does
 
@@ -78,12 +79,14 @@ class GraphRecorder:
         self.calls += 1
         self.unrecorded_calls += 1
         self.last_call_inputs = inputs
-        if self.captured and self._static_pointers(inputs) != self.pointers:
-            # A static input moved. Run plainly: for another KV cache draft_loop's address check raises,
-            # and the recording stays; for a moved weight (p.data = ...) record again on the next call,
-            # and the Replays of this recording are stale.
+        moved = self.captured and self._static_pointers(inputs) != self.pointers
+        if moved or self.captured and _sizes(inputs) != self.sizes:
+            # A static input moved, or (dynamic=True) the sizes are not the recording's. Run plainly:
+            # for another KV cache draft_loop's address check raises, and the recording stays; for a
+            # moved weight (p.data = ...) or other sizes record again on the next call, and the Replays
+            # of this recording are stale.
             outputs = self.compiled(*inputs)
-            log.info("draftfuse: a weight or buffer of the recorded region moved: ran it plainly, recording again")
+            log.info("draftfuse: %s: ran the region plainly, recording again", "a weight or buffer moved" if moved else "other sizes")
             self.graph, self.captured, self.unrecorded_calls, self.buffers = None, False, 1, []
             self.generation += 1
             self.outputs = outputs
@@ -134,6 +137,7 @@ class GraphRecorder:
     def _capture(self, inputs: Sequence[Any]) -> None:
         cuda = self.device.type == "cuda"
         self.pointers = self._static_pointers(inputs)
+        self.sizes = _sizes(inputs)
         self.inputs, self.copies = [], []
         for index, (value, static) in enumerate(zip(inputs, self.static)):
             if isinstance(value, torch.Tensor) and not static:
@@ -158,6 +162,12 @@ class GraphRecorder:
             self.graph = graph
         self.captured = True  # off CUDA: the static inputs are recorded, the region is called on each call's
         self.generation += 1  # Replays of an earlier recording are stale
+
+
+def _sizes(inputs: Sequence[Any]) -> tuple:
+    """What a recording of a dynamic-shape region is specific to: each tensor input's shape and strides,
+    and each other input (a size, under dynamic=True) itself."""
+    return tuple((v.shape, v.stride()) if isinstance(v, torch.Tensor) else v for v in inputs)
 
 
 def _no_fast_replay(why: str) -> None:
