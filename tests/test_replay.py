@@ -247,3 +247,92 @@ def test_dynamic_shapes_record_again_for_other_sizes():
     recorder = next(r for r, _ in compiled._recorders if r.calls)
     shapes = [tuple(size[0]) for size in recorder.sizes if isinstance(size, tuple)]
     assert recorder.captured and (4, 8) in shapes and (3, 8) not in shapes  # recorded again for batch 4 at the end
+
+
+class _SimulatedCudaGraph:
+    """A stand-in for torch.cuda.CUDAGraph on a CPU, with its semantics for GraphRecorder: the capture
+    records the region's call on the tensors it was captured with; a replay reads those tensors' memory
+    as it is then and writes into the same output tensors."""
+
+    capturing: _SimulatedCudaGraph | None = None
+
+    def __init__(self):
+        self.calls, self.outputs, self.replays = [], None, 0
+
+    def replay(self):
+        self.replays += 1
+        fn, inputs = self.calls[0]
+        for static, new in zip(self.outputs, fn(*inputs)):
+            static.copy_(new)
+
+
+def _simulated_recorder(monkeypatch, fn, static):
+    import contextlib
+
+    from draftfuse.runtime.replay import GraphRecorder
+
+    @contextlib.contextmanager
+    def graph(g, stream=None):
+        _SimulatedCudaGraph.capturing = g
+        try:
+            yield
+        finally:
+            _SimulatedCudaGraph.capturing = None
+
+    def region(*inputs):
+        if _SimulatedCudaGraph.capturing is not None:
+            g = _SimulatedCudaGraph.capturing
+            g.calls.append((fn, inputs))
+            g.outputs = [torch.empty_like(t) for t in fn(*inputs)]  # what the graph will write, unwritten yet
+            return tuple(g.outputs)
+        return fn(*inputs)
+
+    class Stream:
+        def __init__(self, device=None):
+            pass
+
+        def wait_stream(self, other):
+            pass
+
+    for name, value in {"CUDAGraph": _SimulatedCudaGraph, "Stream": Stream, "current_stream": lambda device=None: Stream(),
+                        "stream": lambda s: contextlib.nullcontext(), "graph": graph}.items():  # fmt: skip
+        monkeypatch.setattr(torch.cuda, name, value)
+    device = type("Device", (), {"type": "cuda"})()
+    return GraphRecorder(region, static, set(), device)
+
+
+def test_recorder_reads_inputs_in_place_then_copies_after_another_tensor(monkeypatch):
+    weight = torch.tensor([2.0, 2.0, 2.0, 2.0])
+    recorder = _simulated_recorder(monkeypatch, lambda w, x, y: (x * w + y,), [True, False, False])
+    x, y = torch.arange(4.0), torch.ones(4)
+    recorder(weight, x, y)  # warm-up: runs plainly
+    recorder(weight, x, y)  # records, reading x and y where they are
+    assert recorder.in_place and recorder.buffers[0] is x and recorder.graph.replays == 1
+    x.add_(10)  # the caller refills its buffer in place: the replay reads it, nothing is copied
+    recorder.replay([x, y])
+    assert torch.equal(recorder.outputs[0], x * 2 + 1)
+    generation = recorder.generation
+    other = torch.full((4,), 5.0)
+    recorder.replay([other, y])  # another tensor: recorded again over static buffers, which it is copied into
+    assert not recorder.in_place and recorder.buffers[0] is not other and recorder.generation > generation
+    assert torch.equal(recorder.outputs[0], other * 2 + 1)
+    x.zero_()
+    recorder.replay([x, y])  # the first tensor again: copied now, and read as it is
+    assert torch.equal(recorder.outputs[0], y)
+
+
+def test_recorder_keeps_an_expanded_input_in_place_and_a_failed_capture_unrecorded(monkeypatch):
+    weight = torch.tensor([2.0, 2.0, 2.0, 2.0])
+    recorder = _simulated_recorder(monkeypatch, lambda w, x, y: (x * w + y,), [True, False, False])
+    x, y = torch.arange(4.0), torch.ones(1).expand(4)  # y: stride 0, no static buffer of its strides can be filled
+    recorder(weight, x, y)
+    recorder(weight, x, y)
+    other_y = torch.full((1,), 3.0).expand(4)
+    recorder.replay([x, other_y])
+    assert recorder.in_place and recorder.buffers[1] is other_y  # recorded again over the new tensors
+    assert torch.equal(recorder.outputs[0], x * 2 + 3)
+    monkeypatch.setattr(torch.cuda, "graph", lambda g, stream=None: (_ for _ in ()).throw(RuntimeError("out of memory")))
+    generation = recorder.generation
+    with pytest.raises(RuntimeError, match="out of memory"):
+        recorder.replay([torch.zeros(4), other_y])
+    assert not recorder.captured and recorder.graph is None and recorder.generation > generation  # no old graph over new buffers

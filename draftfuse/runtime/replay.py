@@ -121,23 +121,32 @@ class GraphRecorder:
             self.outputs = self.compiled(*inputs)
             return
         if self.in_place:
-            if list(map(torch.Tensor.data_ptr, sources)) == self.in_place_pointers:
-                self.graph.replay()  # the caller's tensors of the recording: nothing to copy
+            if list(map(torch.Tensor.data_ptr, sources)) != self.in_place_pointers:
+                # A tensor elsewhere: record again over static buffers, for good (over these tensors, when one
+                # is expanded: see _capture).
+                self.in_place = False
+                inputs = list(self.inputs)
+                for (index, _), source in zip(self.copies, sources):
+                    inputs[index] = source
+                self._capture(inputs)
+                log.info("draftfuse: an input tensor of the recorded region is another one: recorded again")
+            if self.in_place:
+                self.graph.replay()  # the tensors of the recording: nothing to copy
                 return
-            self.in_place = False  # a tensor elsewhere: record again over static buffers, for good
-            inputs = list(self.inputs)
-            for (index, _), source in zip(self.copies, sources):
-                inputs[index] = source
-            self._capture(inputs)
-            log.info("draftfuse: an input tensor of the recorded region is another one: recorded again over static buffers")
         if sources:
             torch._foreach_copy_(self.buffers, sources)
         self.graph.replay()
 
     def _capture(self, inputs: Sequence[Any]) -> None:
         cuda = self.device.type == "cuda"
+        # Until this recording is made the recorder holds none: a capture that fails (out of memory, say)
+        # leaves it unrecorded (a later call records again), never an older graph over new buffers.
+        self.graph, self.captured, self.outputs, self._flat = None, False, None, None
+        self.generation += 1
         self.pointers = self._static_pointers(inputs)
         self.sizes = _sizes(inputs)
+        if cuda and any(isinstance(v, torch.Tensor) and not static and torch._debug_has_internal_overlap(v) == 1 for v, static in zip(inputs, self.static)):
+            self.in_place = True  # an expanded input (stride 0) cannot be copied into a buffer of its strides: read in place
         self.inputs, self.copies = [], []
         for index, (value, static) in enumerate(zip(inputs, self.static)):
             if isinstance(value, torch.Tensor) and not static:
