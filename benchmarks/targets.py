@@ -51,7 +51,7 @@ REASONS: dict[tuple[str, str | None], str] = {
         "run 2-3 merge rounds (a one-warp sort each, 0.5-1 µs) plus atomic round trips (notes/kernels.md)"
     ),
     ("sel_speedup", None): "the same merge latency: at batch <= 64 softmax+topk is 50-150 µs, draftfuse 9-25 µs",
-    ("baseline", None): "within the run-to-run spread of the median (about 1-2 %)",  # with the drift, see draft_points
+    ("baseline", None): "within the run-to-run spread of the median (about 1-2 %)",
     ("tp_speedup", None): "not measured: the 2-GPU machine stopped being lent after this session's first call",
     ("tp_batch1", None): "not measured: the 2-GPU machine stopped being lent after this session's first call",
     ("tp_tokens", None): "not measured on GPUs; exact on CPU (gloo, 2, 4 and 8 ranks: tests/test_vocab_parallel_ranks.py)",
@@ -102,24 +102,36 @@ class Point:
         return out + (f"; {self.reason}" if reason and self.reason and self.met is False else "")
 
 
-def _reason(target: str, where: str, rows: tuple, fields: tuple[str, ...]) -> str | None:
+def _reason(target: str, where: str, rows: tuple, fields: tuple[str, ...], default: str | None = None) -> str | None:
     for r in rows:
         for field in fields:
             if r and r.get(field):
                 return str(r[field]).splitlines()[0][:200]
-    return REASONS.get((target, where), REASONS.get((target, None)))
+    return default or REASONS.get((target, where), REASONS.get((target, None)))
 
 
 def _bound(target: str, where: str, value: float | None, limit: float | None, op: str, unit: str, *rows: dict | None,
-           fields: tuple[str, ...] = ("error", "notes")) -> Point:  # fmt: skip
+           fields: tuple[str, ...] = ("error", "notes"), miss_reason: str | None = None) -> Point:  # fmt: skip
     """A point holding `value` to `limit`. Not measured when either is unknown, unless one of `rows` has
-    one of `fields` (an error, or notes saying why the value is null): then missed."""
+    one of `fields` (an error, or notes saying why the value is null): then missed. `miss_reason`: why a
+    miss is one, from the same run's figures, in place of the target's reason in REASONS (a row's own
+    field still comes first)."""
     if value is None or limit is None:
         failed = limit is not None and any(r and any(r.get(f) for f in fields) for r in rows)
         met = False if failed else None
     else:
         met = value <= limit if op == "<=" else value >= limit
-    return Point(target, where, value, limit, op, unit, met, _reason(target, where, rows, fields))
+    return Point(target, where, value, limit, op, unit, met, _reason(target, where, rows, fields, miss_reason if met is False else None))
+
+
+def _host_reason(host: float | None, raw: float | None) -> str | None:
+    """Why a host time misses: the raw CUDA graph runner's host time of the same run beside it."""
+    if host is None or raw is None:
+        return None
+    floor = f"{raw:.1f} µs, above the target: the floor of the method on this machine" if raw > HOST_LIMIT_US else f"{raw:.1f} µs"
+    return (f"the raw CUDA graph runner (input copies, replay, output clones), measured alike in the same run, takes "
+            f"{floor}; draftfuse / raw = {host / raw:.2f}: the rest is draftfuse's replay path (Dynamo's C++ guards, "
+            "argument binding, output rebuild); each part measured in notes/host.md")  # fmt: skip
 
 
 def _tokens(target: str, where: str, r: dict | None) -> Point:
@@ -157,27 +169,19 @@ def draft_points(rows: list[dict], baseline: list[dict] | None) -> list[Point]:
         for batch in HOST_BATCHES:
             r = drafts.get((workload, batch, "draftfuse"))
             host = None if r is None else r.get("host_us_per_call")
-            point = _bound("host", f"{workload} batch {batch}", host, HOST_LIMIT_US, "<=", " µs", r,
-                           fields=("error", "host_note", "notes"))  # fmt: skip
             raw = drafts.get((workload, batch, "raw_cuda_graph"), {}).get("host_us_per_call")
-            if point.met is False and host is not None and raw is not None and point.reason == REASONS.get(("host", None)):
-                floor = f"{raw:.1f} µs, above the target: the floor of the method on this machine" if raw > HOST_LIMIT_US else f"{raw:.1f} µs"
-                point.reason = (f"the raw CUDA graph runner (input copies, replay, output clones), measured alike in the same "
-                                f"run, takes {floor}; draftfuse / raw = {host / raw:.2f}: the rest is draftfuse's replay "
-                                "path (Dynamo's C++ guards, argument binding, output rebuild); each part measured in notes/host.md")  # fmt: skip
-            points.append(point)
+            points.append(_bound("host", f"{workload} batch {batch}", host, HOST_LIMIT_US, "<=", " µs", r,
+                                 fields=("error", "host_note", "notes"), miss_reason=_host_reason(host, raw)))  # fmt: skip
     then = _index([r for r in baseline or [] if r["workload"] in DRAFT_WORKLOADS], "workload", "batch", "variant")
     for workload in DRAFT_WORKLOADS:
         for batch in BASELINE_BATCHES:
             old, new = then.get((workload, batch, "draftfuse")), drafts.get((workload, batch, "draftfuse"))
             where = f"{workload} batch {batch}"
             limit = 1.0 if _us(old) else None  # without a previous figure there is nothing to compare with
-            point = _bound("baseline", where, quotient(_us(new), _us(old)), limit, "<=", "", new)
             hand = "hand_fold+hand_argmax"  # the same code in both runs: its ratio is the machine's drift
             drift = quotient(_us(drafts.get((workload, batch, hand))), _us(then.get((workload, batch, hand))))
-            if point.met is False and drift is not None and point.reason == REASONS.get(("baseline", None)):
-                point.reason = f"{hand}, the same code in both runs, moved {drift:.3f}x between them (the machine's drift)"
-            points.append(point)
+            why = None if drift is None else f"{hand}, the same code in both runs, moved {drift:.3f}x between them (the machine's drift)"
+            points.append(_bound("baseline", where, quotient(_us(new), _us(old)), limit, "<=", "", new, miss_reason=why))
     return points
 
 

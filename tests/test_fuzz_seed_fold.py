@@ -34,15 +34,4 @@ RUNS = {
 }
 
 
-@pytest.mark.parametrize("name", hyp.params(RUNS, slow=False))
-def test_ci_sample(name):
-    """About 60 s together on a 2-core CPU."""
-    hyp.sample(RUNS[name], name, seed_fold.CaptureUnsupported)
-
-
-@pytest.mark.slow
-@pytest.mark.parametrize("name", hyp.params(RUNS, slow=True))
-def test_slow_run(request, name):
-    """`python -m pytest -m slow tests/test_fuzz_seed_fold.py`"""
-    hyp.require_slow(request)
-    hyp.sample(RUNS[name], name, seed_fold.CaptureUnsupported, slow=True)
+test_ci_sample, test_slow_run = hyp.tests(RUNS, seed_fold.CaptureUnsupported, "tests/test_fuzz_seed_fold.py")

@@ -37,15 +37,4 @@ RUNS = {
 }
 
 
-@pytest.mark.parametrize("name", hyp.params(RUNS, slow=False))
-def test_ci_sample(name):
-    """About 60 s together on a 2-core CPU."""
-    hyp.sample(RUNS[name], name, selection.CaptureUnsupported)
-
-
-@pytest.mark.slow
-@pytest.mark.parametrize("name", hyp.params(RUNS, slow=True))
-def test_slow_run(request, name):
-    """`python -m pytest -m slow tests/test_fuzz_selection.py`"""
-    hyp.require_slow(request)
-    hyp.sample(RUNS[name], name, selection.CaptureUnsupported, slow=True)
+test_ci_sample, test_slow_run = hyp.tests(RUNS, selection.CaptureUnsupported, "tests/test_fuzz_selection.py")

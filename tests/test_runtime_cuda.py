@@ -109,13 +109,18 @@ def _counting_copies(monkeypatch) -> list[int]:
     return calls
 
 
-def test_persistent_input_buffers_are_read_where_they_are(monkeypatch):
-    # A server keeps its input buffers and refills them for each draft: the graph reads them in place.
+def _recorded_zero_copy():
+    """A zero-copy draft called until it replays, its inputs, and its recorder."""
     model, tokens, hidden, kv_cache, position = make_inputs("cuda")
     compiled = draft_loop(draft, zero_copy_outputs=True)
     for _ in range(_WARM_CALLS):
         compiled(model, tokens, hidden, kv_cache, position)
-    recorder = compiled._replays[0].recorder
+    return compiled, (model, tokens, hidden, kv_cache, position), compiled._replays[0].recorder
+
+
+def test_persistent_input_buffers_are_read_where_they_are(monkeypatch):
+    # A server keeps its input buffers and refills them for each draft: the graph reads them in place.
+    compiled, (model, tokens, hidden, kv_cache, position), recorder = _recorded_zero_copy()
     assert recorder.in_place and any(buffer is hidden for buffer in recorder.buffers)
     copies = _counting_copies(monkeypatch)
     for seed in (1, 2, 3):
@@ -131,11 +136,7 @@ def test_persistent_input_buffers_are_read_where_they_are(monkeypatch):
 
 
 def test_other_input_tensors_record_again_over_static_buffers(monkeypatch):
-    model, tokens, hidden, kv_cache, position = make_inputs("cuda")
-    compiled = draft_loop(draft, zero_copy_outputs=True)
-    for _ in range(_WARM_CALLS):
-        compiled(model, tokens, hidden, kv_cache, position)
-    recorder = compiled._replays[0].recorder
+    compiled, (model, tokens, hidden, kv_cache, position), recorder = _recorded_zero_copy()
     copies = _counting_copies(monkeypatch)
     for seed in (1, 2, 3, 4):
         new_tokens, new_hidden = _other_inputs(seed)  # fresh tensors on every call, as most callers pass them

@@ -64,7 +64,7 @@ class GraphRecorder:
         self.graph: torch.cuda.CUDAGraph | None = None
         self.captured = False  # recorded (off CUDA: the static inputs are, and the region is called)
         self.generation = 0  # counts captures: a Replay of an older one is stale
-        self.inputs: list[Any] = []  # what the graph reads: static inputs themselves, copies of the others
+        self.inputs: list[Any] = []  # what the graph reads: the static inputs, and the tensors in `copies`
         self.copies: list[tuple[int, torch.Tensor]] = []  # (input index, the tensor the graph reads it from)
         self.buffers: list[torch.Tensor] = []  # those tensors (the held inputs, or static buffers), in order
         self.outputs: Any = None  # the graph's output tensors (static once captured)
@@ -80,16 +80,15 @@ class GraphRecorder:
         self.unrecorded_calls += 1
         self.last_call_inputs = inputs
         moved = self.captured and self._static_pointers(inputs) != self.pointers
-        if moved or self.captured and _sizes(inputs) != self.sizes:
+        if moved or (self.captured and _sizes(inputs) != self.sizes):
             # A static input moved, or (dynamic=True) the sizes are not the recording's. Run plainly:
             # for another KV cache draft_loop's address check raises, and the recording stays; for a
             # moved weight (p.data = ...) or other sizes record again on the next call, and the Replays
             # of this recording are stale.
             outputs = self.compiled(*inputs)
             log.info("draftfuse: %s: ran the region plainly, recording again", "a weight or buffer moved" if moved else "other sizes")
-            self.graph, self.captured, self.unrecorded_calls, self.buffers = None, False, 1, []
-            self.generation += 1
-            self.outputs = outputs
+            self._forget()
+            self.unrecorded_calls, self.buffers, self.outputs = 1, [], outputs
             return outputs
         if not self.captured and self.unrecorded_calls >= 2:
             self._capture(inputs)
@@ -115,20 +114,14 @@ class GraphRecorder:
         (after copying them into the static buffers, unless they are the held inputs it reads in place);
         elsewhere, call the region on them."""
         if self.device.type != "cuda":
-            inputs = list(self.inputs)
-            for (index, _), source in zip(self.copies, sources):
-                inputs[index] = source
-            self.outputs = self.compiled(*inputs)
+            self.outputs = self.compiled(*self._inputs_with(sources))
             return
         if self.in_place:
             if list(map(torch.Tensor.data_ptr, sources)) != self.in_place_pointers:
                 # A tensor elsewhere: record again over static buffers, for good (over these tensors, when one
                 # is expanded: see _capture).
                 self.in_place = False
-                inputs = list(self.inputs)
-                for (index, _), source in zip(self.copies, sources):
-                    inputs[index] = source
-                self._capture(inputs)
+                self._capture(self._inputs_with(sources))
                 log.info("draftfuse: an input tensor of the recorded region is another one: recorded again")
             if self.in_place:
                 self.graph.replay()  # the tensors of the recording: nothing to copy
@@ -137,12 +130,23 @@ class GraphRecorder:
             torch._foreach_copy_(self.buffers, sources)
         self.graph.replay()
 
+    def _inputs_with(self, sources: Sequence[torch.Tensor]) -> list[Any]:
+        """The recorded inputs, with `sources` in place of the non-static ones."""
+        inputs = list(self.inputs)
+        for (index, _), source in zip(self.copies, sources):
+            inputs[index] = source
+        return inputs
+
+    def _forget(self) -> None:
+        """Drop the recording (the Replays of it are stale from now on)."""
+        self.graph, self.captured, self.outputs, self._flat = None, False, None, None
+        self.generation += 1
+
     def _capture(self, inputs: Sequence[Any]) -> None:
         cuda = self.device.type == "cuda"
         # Until this recording is made the recorder holds none: a capture that fails (out of memory, say)
         # leaves it unrecorded (a later call records again), never an older graph over new buffers.
-        self.graph, self.captured, self.outputs, self._flat = None, False, None, None
-        self.generation += 1
+        self._forget()
         self.pointers = self._static_pointers(inputs)
         self.sizes = _sizes(inputs)
         if cuda and any(isinstance(v, torch.Tensor) and not static and torch._debug_has_internal_overlap(v) == 1 for v, static in zip(inputs, self.static)):

@@ -79,3 +79,21 @@ def sample(run: Run, name: str, unsupported: type[Exception], slow: bool = False
         slow_settings(run.slow)(test)()
     else:
         seed(zlib.crc32(name.encode()))(ci(run.ci, run.shrink)(test))()
+
+
+def tests(runs: dict[str, Run], unsupported: type[Exception], path: str) -> tuple[Callable, Callable]:
+    """The two tests of a fuzz test file over `runs`: its CI samples, and its long runs under -m slow."""
+
+    @pytest.mark.parametrize("name", params(runs, slow=False))
+    def test_ci_sample(name):
+        """About 60 s together on a 2-core CPU."""
+        sample(runs[name], name, unsupported)
+
+    @pytest.mark.slow
+    @pytest.mark.parametrize("name", params(runs, slow=True))
+    def test_slow_run(request, name):
+        require_slow(request)
+        sample(runs[name], name, unsupported, slow=True)
+
+    test_slow_run.__doc__ = f"`python -m pytest -m slow {path}`"
+    return test_ci_sample, test_slow_run
