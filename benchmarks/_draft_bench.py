@@ -115,7 +115,7 @@ def bench_draft(
             fields["error"] = errors.get(variant, "not run")
         else:
             fields.update(_measure.summary(samples[variant]), host_us_per_call=host[variant].us_per_call)
-            if host[variant].note and device.type == "cuda":
+            if host[variant].note:
                 fields["host_note"] = host[variant].note
             graphs, kernels = launches.get(variant, (None, None))
             fields.update(graph_launches_per_call=graphs, kernel_launches_per_call=kernels)

@@ -66,7 +66,7 @@ def _measure_call(fn, inputs: list[torch.Tensor], device: torch.device, rounds: 
         timing = _measure.summary([_measure.device_time_us(call, device) for _ in range(rounds)])
     host = _measure.host_time(call, device)
     fields = {**timing, "host_us_per_call": host.us_per_call}
-    if host.note and device.type == "cuda":
+    if host.note:
         fields["host_note"] = host.note
     return fields
 

@@ -136,7 +136,8 @@ class HostTime:
 
     @property
     def note(self) -> str | None:
-        if self.us_per_call is not None:
+        """Why us_per_call is None on a GPU (None where it is known, and off CUDA: nothing was tried)."""
+        if self.us_per_call is not None or self.attempts == 0:
             return None
         return (
             f"host time: the device went idle before the batch ended in {self.attempts} attempts (last: "

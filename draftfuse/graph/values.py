@@ -117,12 +117,17 @@ def user_code(node: Node) -> str:
     return lines[-1] if lines and not lines[-1].startswith("File ") else ""
 
 
+def source_name(source: Any) -> str:
+    """A Dynamo source's name, as its guards spell it ("L['head']._modules['proj']")."""
+    return source.name() if callable(source.name) else source.name  # a method in older torch versions
+
+
 def input_name(placeholder: Node) -> str:
     """The user's spelling of a graph input ("kv_cache", "self.cache[0]"), from Dynamo's source."""
     source = getattr(placeholder, "_dynamo_source", None)
     if source is None:
         return argument_name(placeholder)
-    name = source.name() if callable(source.name) else source.name  # a method in older torch versions
+    name = source_name(source)
     name = re.sub(r"L\['([^']+)'\]", r"\1", name)
     return re.sub(r"\._(?:modules|parameters|buffers)\['([^']+)'\]", r".\1", name)  # head.layer.attn.k_cache
 

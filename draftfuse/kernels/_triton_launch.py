@@ -117,15 +117,22 @@ def default_programs_per_sm(element_size: int, k: int, scaled: bool) -> int:
     return _PROGRAMS_PER_SM.get((min(element_size, 4), k == 1, scaled), 16)
 
 
-def plan(rows: int, vocab: int, k: int, device: torch.device, *, splits=None, block=None, programs_per_sm=16):
-    """(splits, chunk, block) for a launch: splits * chunk >= vocab, chunk a multiple of block. The
-    grid aims at programs_per_sm programs per SM, rounded down so that it stays within one wave."""
+def _block(vocab: int, k: int, block: int | None = None) -> int:
+    """The tile width for this vocab and k: `block` (default _BLOCK), doubled until the row fits in
+    _most_splits(k) chunks of at most _MAX_TILES tiles."""
     block = block or _BLOCK
-    most = _most_splits(k)
-    while triton.cdiv(triton.cdiv(vocab, block), _MAX_TILES.value) > most:  # chunks of at most _MAX_TILES
+    while triton.cdiv(triton.cdiv(vocab, block), _MAX_TILES.value) > _most_splits(k):
         if block >= 4096:
             raise ValueError(f"vocab {vocab} is too large for the selection kernel with k={k} (max {max_vocab(k)})")
         block *= 2
+    return block
+
+
+def plan(rows: int, vocab: int, k: int, device: torch.device, *, splits=None, block=None, programs_per_sm=16):
+    """(splits, chunk, block) for a launch: splits * chunk >= vocab, chunk a multiple of block. The
+    grid aims at programs_per_sm programs per SM, rounded down so that it stays within one wave."""
+    block = _block(vocab, k, block)
+    most = _most_splits(k)
     tiles = triton.cdiv(vocab, block)
     least = triton.cdiv(tiles, _MAX_TILES.value)
     if splits is None:
@@ -148,7 +155,6 @@ def launch_selection(
     programs_per_sm: int | None = None,
     pdl: bool | None = None,
     maxnreg: int | None = None,
-    merge: str | None = None,
     workspace: torch.Tensor | None = None,
 ):
     """Top-k of each row of `logits` ([rows, vocab], last dim contiguous) into `prob` (float32) and
@@ -163,18 +169,18 @@ def launch_selection(
     device = logits.device
     cuda = device.type == "cuda"
     pdl = (_PDL and cuda and _capability(device) >= 9) if pdl is None else pdl
-    sort = cuda and (merge or _MERGE) == "sort"
+    sort = cuda and _MERGE == "sort"
     programs_per_sm = programs_per_sm or default_programs_per_sm(logits.element_size(), k, scale is not None)
-    explicit = splits is not None
-    splits, chunk, block = plan(rows, vocab, k, device, splits=splits, block=block, programs_per_sm=programs_per_sm)
+    block = _block(vocab, k, block)
     # Never aim past what fits in one wave: Triton compiles a kernel per specialisation (here: dtype,
     # k, scale or not, block, the options, 16-byte alignment of the pointers and of the row stride),
     # and the first launch of each tells how many of its programs fit per SM.
     aligned = tuple(t is None or t.data_ptr() % 16 == 0 for t in (logits, scale, prob, index))
     key = (device.index, logits.dtype, k, scale is not None, block, pdl, maxnreg, sort, aligned, logits.stride(0) % 16 == 0)
     fit = _fits.get(key)
-    if fit is not None and fit < programs_per_sm and not explicit:
-        splits, chunk, block = plan(rows, vocab, k, device, block=block, programs_per_sm=fit)
+    if fit is not None and splits is None:
+        programs_per_sm = min(programs_per_sm, fit)
+    splits, chunk, block = plan(rows, vocab, k, device, splits=splits, block=block, programs_per_sm=programs_per_sm)
     part = torch.empty((rows, 2, splits), dtype=torch.float32, device=device)
     keys = torch.empty((rows, k, splits), dtype=torch.int64, device=device)
     ws = workspace if workspace is not None else _workspace(device, rows)

@@ -32,7 +32,7 @@ from torch.utils._sympy.value_ranges import ValueRanges
 from draftfuse.graph.effects import Effects
 from draftfuse.graph.values import Node, fake, user_code, user_location
 from draftfuse.passes.prove import Expressions, ProofError, prove_equal
-from draftfuse.passes.report import PassReport, Refusal, Rewrite
+from draftfuse.passes.report import PassReport, Rewrite
 from draftfuse.passes.seed_fold.seam import is_assume_range
 
 PASS_NAME = "merge_setup"
@@ -190,7 +190,7 @@ def _merge_proven(graph: torch.fx.Graph, assumed: dict[Node, ValueRanges], names
         try:
             outcomes = [(other, other_expr, *prove_equal(expr, other_expr, exprs.ranges)) for other, other_expr in earlier]
         except ProofError as error:
-            report.refusals.append(Refusal(node.name, f"kept {_show(expr, exprs)}: sympy could not decide ({error})", user_location(node)))
+            report.refuse(node, f"kept {_show(expr, exprs)}: sympy could not decide ({error})")
             continue
         proven = next((o for o in outcomes if o[2]), None)
         if proven is not None and _merge(proven[0], node, effects):
@@ -214,7 +214,7 @@ def _explain_undecided(node: Node, intended: sympy.Expr, group: list, effects: E
             code = user_code(other) or other.name
             why = f"its operand may wrap around{_given(intended, exprs)}{_hint(intended, exprs)}"
             reason = f"kept {_show(intended, exprs)} beside {_show(other_expr, exprs)} (from `{code}`): not proven, {why}"
-            report.refusals.append(Refusal(node.name, reason, user_location(node)))
+            report.refuse(node, reason)
             return
 
 
@@ -226,7 +226,7 @@ def _explain_kept(node: Node, expr: sympy.Expr, outcomes: list, exprs: Expressio
         why = f"they differ by {_show(diff, exprs)}" if equal is False else f"not proven{_given(expr, exprs)}{_hint(expr, exprs)}"
         code = user_code(other) or other.name
         reason = f"kept {_show(expr, exprs)} beside {_show(other_expr, exprs)} (from `{code}`): {why}"
-        report.refusals.append(Refusal(node.name, reason, user_location(node)))
+        report.refuse(node, reason)
 
 
 def merge_setup(graph: torch.fx.Graph, input_names: list[str] | None = None) -> PassReport:

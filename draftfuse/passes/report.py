@@ -14,6 +14,8 @@ from collections.abc import Callable
 
 import torch.fx
 
+from draftfuse.graph.values import user_location
+
 
 @dataclasses.dataclass(frozen=True)
 class Rewrite:
@@ -36,6 +38,10 @@ class PassReport:
     rewrites: list[Rewrite] = dataclasses.field(default_factory=list)
     refusals: list[Refusal] = dataclasses.field(default_factory=list)
     notes: list[str] = dataclasses.field(default_factory=list)
+
+    def refuse(self, node: torch.fx.Node, reason: str) -> None:
+        """Record that `node` was left as it is, and why (with the user's source line)."""
+        self.refusals.append(Refusal(node.name, reason, user_location(node)))
 
     def format(self, *, nodes: bool = False) -> str:
         """The report as text: a count line, then a line per rewrite, refusal and note."""

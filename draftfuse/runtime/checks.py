@@ -82,6 +82,11 @@ def host_read(node: Node) -> str | None:
     return None
 
 
+def defines_data_dependent_value(node: Node) -> bool:
+    """Whether `node` makes a value whose size or value depends on the data (nonzero, unique...)."""
+    return node.op != "placeholder" and defines_unbacked_symbols(node)
+
+
 def obstacles(gm: torch.fx.GraphModule, *, allow_dynamic: bool) -> list[DraftCaptureError]:
     """Everything in the Dynamo graph that keeps it from being one CUDA-graph replay, in graph order."""
     found: list[DraftCaptureError] = []
@@ -92,7 +97,7 @@ def obstacles(gm: torch.fx.GraphModule, *, allow_dynamic: bool) -> list[DraftCap
                 "and CUDA graphs cannot capture it",
                 where=user_location(node), fix=HOST_SYNC_FIX,
             ))  # fmt: skip
-        elif node.op != "placeholder" and defines_unbacked_symbols(node):
+        elif defines_data_dependent_value(node):
             name = node.target if isinstance(node.target, str) else getattr(node.target, "__name__", node.target)
             found.append(HostSyncError(
                 f"`{name}` makes a tensor whose size depends on the data: the host must read that size "

@@ -53,7 +53,6 @@ from typing import Any
 import torch
 from torch.utils._pytree import tree_map_only
 
-from draftfuse.graph.effects import defines_unbacked_symbols
 from draftfuse.graph.values import user_frame, user_location
 from draftfuse.options import Options
 from draftfuse.runtime import checks, translate
@@ -198,7 +197,7 @@ class DraftLoop:
         if len(ran) != 1 or not ran[0][0].captured or any(x.recorder is ran[0][0] for x in self._replays):
             return
         recorder, placeholders = ran[0]
-        if getattr(recorder, "refused", None) == recorder.generation:
+        if recorder.refused == recorder.generation:
             return  # this recording cannot run without Dynamo (the log said why): do not ask again
         recorder.refused = recorder.generation
         from torch._dynamo.eval_frame import _debug_get_cache_entry_list
@@ -229,7 +228,7 @@ class DraftLoop:
             pass
         for gm in graphs:
             for node in gm.graph.nodes:
-                if node.op != "placeholder" and (defines_unbacked_symbols(node) or checks.host_read(node)):
+                if checks.host_read(node) or checks.defines_data_dependent_value(node):
                     return user_location(node)
         return ""
 
@@ -264,7 +263,6 @@ class DraftLoop:
         placeholders = prepared.graph_module.graph.find_nodes(op="placeholder")
         static = [checks.is_static(p) for p in placeholders]
         recorder = GraphRecorder(compiled, static, {item.index for item in written}, device)
-        recorder.last_seen = 0
         self._recorders.append((recorder, placeholders))
         return _translating_capture_errors(recorder)
 
@@ -371,7 +369,7 @@ def _binder(fn: Callable[..., Any], code_fn: Callable[..., Any]) -> Callable[[tu
 
     def bind(args: tuple, kwargs: dict) -> dict[str, Any] | None:
         if star:
-            f_locals = {names[0]: args, names[1]: dict(kwargs)}
+            f_locals = {names[0]: args, names[1]: kwargs}  # both fresh for this call
         elif simple and len(args) <= len(names):
             f_locals = {**defaults, **dict(zip(names, args)), **kwargs}
             if len(f_locals) != len(names):

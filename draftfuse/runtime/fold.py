@@ -55,7 +55,7 @@ class FoldedDraft:
         self._names = [p.name for p in parameters] if plain else None
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
-        if self._names is not None and len(args) <= len(self._names) and not kwargs.keys() & set(self._names[: len(args)]):
+        if self._names is not None and len(args) <= len(self._names) and (not kwargs or kwargs.keys().isdisjoint(self._names[: len(args)])):
             return self.draft(**dict(zip(self._names, args)), **kwargs)
         if self._signature is None:
             return self.draft(*args, **kwargs)

@@ -20,7 +20,7 @@ from typing import Any
 import torch
 from torch._inductor.compile_fx import compile_fx
 
-from draftfuse.graph.values import argument_name, carry_dynamo_metadata
+from draftfuse.graph.values import argument_name
 from draftfuse.options import Options
 from draftfuse.passes.post_grad import PostGradPass
 from draftfuse.passes.report import PassReport
@@ -78,7 +78,6 @@ def prepare(gm: torch.fx.GraphModule, options: Options) -> Prepared:
         result = run_pass(current)
         if result is None:  # nothing for this pass in the graph (vocab_parallel without a gather): no report
             continue
-        carry_dynamo_metadata(current, result.graph_module)
         current = result.graph_module
         reports.append(result.report)
     return Prepared(gm, current, reports)

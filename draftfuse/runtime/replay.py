@@ -43,7 +43,7 @@ from typing import Any
 import torch
 from torch.utils._pytree import tree_flatten, tree_unflatten
 
-from draftfuse.graph.values import user_frame
+from draftfuse.graph.values import source_name, user_frame
 
 log = logging.getLogger("draftfuse")
 
@@ -74,6 +74,8 @@ class GraphRecorder:
         self.sizes: tuple = ()  # the inputs' shapes and strides, and the numbers among them, when recorded
         self.in_place = device.type == "cuda"  # the graph reads the capture call's own input tensors (see the doc)
         self.in_place_pointers: list[int] = []  # their data pointers, while it does
+        self.last_seen = 0  # draft_loop's: `calls` when it last looked for a call to build a Replay from
+        self.refused: int | None = None  # draft_loop's: the generation a Replay was last refused for
 
     def __call__(self, *inputs: Any) -> Any:
         self.calls += 1
@@ -138,7 +140,7 @@ class GraphRecorder:
         return inputs
 
     def _forget(self) -> None:
-        """Drop the recording (the Replays of it are stale from now on)."""
+        """Drop the recording: the Replays of it are stale from now on (a capture starts with this)."""
         self.graph, self.captured, self.outputs, self._flat = None, False, None, None
         self.generation += 1
 
@@ -174,7 +176,6 @@ class GraphRecorder:
             torch.cuda.current_stream(self.device).wait_stream(stream)
             self.graph = graph
         self.captured = True  # off CUDA: the static inputs are recorded, the region is called on each call's
-        self.generation += 1  # Replays of an earlier recording are stale
 
 
 def _sizes(inputs: Sequence[Any]) -> tuple:
@@ -220,7 +221,7 @@ def _guard_nodes(root: Any) -> dict[str, Any]:
 def _fetcher(placeholder: Any, value: Any, scope: dict[str, Any]) -> Callable[[dict[str, Any]], Any] | None:
     """f_locals -> the graph input that `placeholder` stands for, by its Dynamo source; None if the
     source is not an expression over the call's arguments that finds `value`."""
-    name = _source_name(placeholder._dynamo_source)
+    name = source_name(placeholder._dynamo_source)
     try:
         code = compile(name, "<draftfuse source>", "eval")
         if eval(code, {}, scope) is not value:
@@ -248,11 +249,6 @@ def _add_identity_guard(node: Any, value: Any, name: str) -> None:
         node.add_id_match_guard(id(value), verbose, None)  # torch 2.13: (id, code parts, user stack)
     except TypeError:
         node.add_id_match_guard(id(value), verbose)  # torch 2.11
-
-
-def _source_name(source: Any) -> str:
-    name = source.name
-    return name() if callable(name) else name
 
 
 class Replay:
@@ -302,14 +298,14 @@ class Replay:
             if index in recorder.written:
                 continue  # a KV cache: checked by address (`written`); another tensor must raise, not recompile
             held.append(value)
-            node = nodes.get(_source_name(placeholder._dynamo_source))
+            node = nodes.get(source_name(placeholder._dynamo_source))
             if node is not None:
-                _add_identity_guard(node, value, _source_name(placeholder._dynamo_source))
+                _add_identity_guard(node, value, source_name(placeholder._dynamo_source))
                 continue
             # Dynamo guards this tensor some other way (a dict tag over its module, say): check it here
             if _fetcher(placeholder, value, scope) is None:
                 return None
-            identities.append((_source_name(placeholder._dynamo_source), value))
+            identities.append((source_name(placeholder._dynamo_source), value))
         fetchers = [_fetcher(placeholders[i], recorder.last_call_inputs[i], scope) for i, _ in recorder.copies]
         written = [_fetcher(placeholders[i], recorder.last_call_inputs[i], scope) for i in sorted(recorder.written)]
         if any(f is None for f in [*fetchers, *written]):
@@ -322,9 +318,7 @@ class Replay:
 
     @staticmethod
     def _unsound(entry: Any, recorder: GraphRecorder, placeholders: list[Any]) -> str:
-        if not recorder.captured:
-            return "the region is not captured in a CUDA graph"
-        fetched = {m for p in placeholders for m in re.findall(r"\.(\w+)", _source_name(p._dynamo_source))}
+        fetched = {m for p in placeholders for m in re.findall(r"\.(\w+)", source_name(p._dynamo_source))}
         if not _dynamo_code_is_pure(entry.code, fetched):
             return "Dynamo's code for the draft does more than call the graph (a side effect, such as an attribute store)"
         if len(placeholders) != len(recorder.inputs) or len(recorder.last_call_inputs) != len(placeholders):

@@ -21,16 +21,12 @@ from torch.fx.experimental.symbolic_shapes import statically_known_true
 
 from draftfuse.graph.effects import Effects
 from draftfuse.graph.values import Node, argument_name, fake, fake_tensor, insert_after, is_integer, rewire, same_sizes, user_location
-from draftfuse.passes.report import PassReport, Refusal, Rewrite
+from draftfuse.passes.report import PassReport, Rewrite
 from draftfuse.passes.seed_fold.regions import Regions
 from draftfuse.passes.seed_fold.seam import is_seam
 
 PASS_NAME = "seed_fold"
 _TRANSFERS = {"cpu", "cuda", "to"}
-
-
-def refuse(report: PassReport, node: Node, reason: str) -> None:
-    report.refusals.append(Refusal(node.name, reason, user_location(node)))
 
 
 def erase_dead(effects: Effects, nodes: Iterable[Node]) -> list[str]:
@@ -70,7 +66,7 @@ def remove_seams(graph: torch.fx.Graph, effects: Effects, report: PassReport) ->
                 rewire(user, carried[user.args[1]])
         erased = erase_dead(effects, [*seam.users, seam])
         if _alive(seam):  # something other than getitem read the marker's list: leave it
-            refuse(report, seam, "the seam marker's output list is used whole; marker kept")
+            report.refuse(seam, "the seam marker's output list is used whole; marker kept")
             continue
         names = ", ".join(a.name for a in carried if isinstance(a, Node))
         report.rewrites.append(Rewrite("seam marker removed", tuple(erased), f"the loop reads the seed's {names}", user_location(seam)))
@@ -141,7 +137,7 @@ def remove_round_trips(graph: torch.fx.Graph, effects: Effects, report: PassRepo
         elif effects.would_alias(back, origin):
             reason = f"{back.name} is returned and {origin.name} is an input or an output: they would share memory"
         if reason:
-            refuse(report, back, f"host round trip {origin.name} -> {host.name} -> {back.name} kept: {reason}")
+            report.refuse(back, f"host round trip {origin.name} -> {host.name} -> {back.name} kept: {reason}")
             continue
         rewire(back, origin)
         erased = erase_dead(effects, [back])
@@ -168,7 +164,7 @@ def remove_item_round_trips(graph: torch.fx.Graph, effects: Effects, report: Pas
             if source_value.is_floating_point() and not value.is_floating_point():
                 continue  # full() would round the Python float; keep it
             if effects.writers([source], item, user):
-                refuse(report, user, f"{source.name}.item() round trip kept: {source.name} is written in between")
+                report.refuse(user, f"{source.name}.item() round trip kept: {source.name} is written in between")
                 continue
             # reshape(()) + to(dtype) + expand + clone: the values full() makes, in fresh memory.
             scalar = _call(user, user, "reshape", source, ())
@@ -252,13 +248,13 @@ def forward_buffers(graph: torch.fx.Graph, effects: Effects, regions: Regions, r
                 continue  # a write the draft makes for its caller (a KV cache...), not a seam carry
             if buffer is not caller or not drop_buffer_writes:
                 option = f" (drop_buffer_writes=True drops it if nothing reads {caller.name} after the draft)" if buffer is caller else ""
-                refuse(report, fill, f"write into caller-visible {caller.name} kept{option}")
+                report.refuse(fill, f"write into caller-visible {caller.name} kept{option}")
                 continue
         elif not _is_fresh_allocation(effects, buffer):
             continue  # overwriting a computed tensor or a view is real work
         reason = why_not_forward(effects, buffer, source, fill, caller is not None)
         if reason:
-            refuse(report, fill, f"{buffer.name} filled from {source.name} kept: {reason}")
+            report.refuse(fill, f"{buffer.name} filled from {source.name} kept: {reason}")
             continue
         replacement = source
         if fake_tensor(source).dtype != fake_tensor(buffer).dtype:  # copy_ converts, as .to does

@@ -144,7 +144,6 @@ class Match:
     dim: int  # normalised
     k: int
     logits: Node  # what the indices are taken from (upcasts and temperature peeled)
-    scaled: bool  # a temperature was looked through between logits and softmax
     prob_dtype: torch.dtype  # dtype of the softmax's value
     prob_casts: list[torch.dtype]  # casts between softmax and selection, in order
     read_dtype: torch.dtype  # the dtype of the probabilities the selection reads
@@ -407,7 +406,7 @@ def match(sel: Selection, level: str, effects: Effects) -> Match | None:
     read_dtype = casts[-1] if casts else probs_value.dtype
     return Match(
         selection=sel, softmax=softmax, dim=sel_dim, k=k, logits=logits,
-        scaled=softmax.scale != 1.0 or any(as_scale(n) for n in peeled), factor=factor * softmax.scale, tensor_scale=tensor,
+        factor=factor * softmax.scale, tensor_scale=tensor,
         prob_dtype=probs_value.dtype, prob_casts=casts, read_dtype=read_dtype, half=read_dtype in HALF,
         matched=[sel.node, *cast_nodes, probs_node, *peeled], peeled=peeled,
     )  # fmt: skip

@@ -19,7 +19,7 @@ from draftfuse.graph.effects import Effects
 from draftfuse.graph.selection import as_selection, readers, rewire_readers
 from draftfuse.graph.values import Node, erase_emitted, erase_unused, fake_tensor, level as graph_level, user_location
 from draftfuse.kernels import selection_kernels_available  # registers torch.ops.draftfuse.*
-from draftfuse.passes.report import PassReport, Refusal, Rewrite
+from draftfuse.passes.report import PassReport, Rewrite
 from draftfuse.passes.softmax_topk.emit import PASS_NAME, AtenEmitter, Emitter, SoftmaxParts, TorchEmitter
 from draftfuse.passes.softmax_topk.match import HALF, Match, Refuse, match
 
@@ -189,11 +189,11 @@ def rewrite_graph(graph: torch.fx.Graph, *, probs: str = "exact", lowering: str 
             if m is not None and m.half and half_probs == "keep":
                 raise Refuse(f'reads {str(m.read_dtype).removeprefix("torch.")} probabilities and half_probs="keep"')
         except Refuse as refusal:
-            report.refusals.append(Refusal(node.name, str(refusal), user_location(node)))
+            report.refuse(node, str(refusal))
             continue
         except Exception as error:  # a bug of ours: refuse, never break the compile
             log.warning("%s: internal error on %s", PASS_NAME, node.name, exc_info=True)
-            report.refusals.append(Refusal(node.name, f"internal error: {error!r}", user_location(node)))
+            report.refuse(node, f"internal error: {error!r}")
             continue
         if m is None:
             continue
@@ -208,7 +208,7 @@ def rewrite_graph(graph: torch.fx.Graph, *, probs: str = "exact", lowering: str 
             log.warning("%s: internal error rewriting %s", PASS_NAME, node.name, exc_info=True)
             erase_emitted(start, parts.emit.cursor)
             parts_by_softmax.pop(m.softmax.node, None)
-            report.refusals.append(Refusal(node.name, f"internal error: {error!r}", user_location(node)))
+            report.refuse(node, f"internal error: {error!r}")
             continue
         parts_by_softmax[m.softmax.node] = parts
         effects = Effects(graph)
