@@ -6,13 +6,15 @@ busy, so no call waits on it), in one process, side by side:
                              floor of any runner of that graph
   raw runner graph.replay()  the raw_cuda_graph variant's graph (the hand edit), replayed alone
   raw_cuda_graph             that runner: input copies, replay, output clones
-  draftfuse zero-copy        draftfuse's replay path without the output copies
-  draftfuse                  draftfuse as used (outputs copied)
+  draftfuse zero-copy        draftfuse's replay path, zero_copy_outputs=True (the main recording's outputs)
+  draftfuse                  draftfuse as used, its outputs dropped at once (a spare recording is free)
+  ..., last outputs held     the outputs kept until the next call returns (a server's loop: the other spare)
+  ..., spares held           both spares' outputs held: the main recording replays, its outputs are copied
   draftfuse checks only      Replay.matches on the call's locals (Dynamo's C++ guards, storage and
                              identity checks), no GPU work; Dynamo guards only: its guard check alone
   inputs: / outputs:         the copies alone, made each way they could be made (inputs: into buffers
                              like the static buffers of a recording that copies its inputs)
-  draftfuse Python only      draftfuse's call with the replay and the copies made no-ops
+  draftfuse Python only      draftfuse's call with the graphs' replays made no-ops (a spare handed out)
 
 Each figure is the median of 5 host_time batches. Usage (GPU): python notes/host_breakdown.py [--batches 1 32]
 """
@@ -79,13 +81,19 @@ def breakdown(name: str, batch: int, device: torch.device, size: str) -> dict:
     loop._zero_copy = True
     out["draftfuse zero-copy"] = host_us(ours, device)
     loop._zero_copy = False
-    out["draftfuse"] = host_us(ours, device)
+    out["draftfuse"] = host_us(ours, device)  # its outputs dropped at once: a spare is free on every call
+    held = [None]
+    out["draftfuse, last outputs held"] = host_us(lambda: held.__setitem__(0, ours()), device)  # a server's loop
+    held[0] = None
+    recorder = replay.recorder
+    pins = [[t.detach() for t in spare.outputs if isinstance(t, torch.Tensor)] for spare in recorder.spares]
+    out["draftfuse, spares held (outputs copied)"] = host_us(ours, device)
+    del pins
     with torch.no_grad():
         assert replay.matches(f_locals)
         out["draftfuse checks only"] = python_us(lambda: replay.matches(f_locals))
         out["Dynamo guards only"] = python_us(lambda: replay.guard.check(f_locals))
     # The copies alone, each way they could be made (the same tensors as the replay path's).
-    recorder = replay.recorder
     sources = [fetch(f_locals) for fetch in replay.fetchers]
     buffers = [torch.empty_like(s) for s in sources]  # as the static buffers of a recording that copies its inputs
     outputs = [recorder.flat_outputs()[i] for i in replay.graph_leaves]
@@ -102,13 +110,15 @@ def breakdown(name: str, batch: int, device: torch.device, size: str) -> dict:
     )
     out["outputs: clone each"] = host_us(lambda: [t.clone() for t in outputs], device)
     # draftfuse's Python alone: the same call with the replay and the copies made no-ops.
-    replay_method, run_clone = type(recorder).replay, loop._zero_copy
-    type(recorder).replay = lambda self, sources: None
-    loop._zero_copy = True
+    graphs = [recorder.graph, *(spare.graph for spare in recorder.spares)] if device.type == "cuda" else []
+    replays = [g.replay for g in graphs]
+    for g in graphs:
+        g.replay = lambda: None  # the instance attribute shadows the method
     try:
-        out["draftfuse Python only (no GPU work)"] = python_us(ours)
+        out["draftfuse Python only (no GPU work)"] = python_us(ours)  # spares handed out: no copy either
     finally:
-        type(recorder).replay, loop._zero_copy = replay_method, run_clone
+        for g, method in zip(graphs, replays):
+            g.replay = method
     out["inputs read in place"] = recorder.in_place  # the benchmark passes the same tensors on every call
     out["inputs"] = len(replay.fetchers)
     out["outputs copied"] = len(replay.graph_leaves)

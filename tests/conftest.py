@@ -32,3 +32,16 @@ def fresh_dynamo():
     yield
     torch._dynamo.reset()
 
+
+
+@pytest.fixture
+def copy_launches(monkeypatch):
+    """start() -> a list that gets an entry per torch._foreach_copy_ call from then on (the replay path's
+    input copies and output copies are each one such launch)."""
+
+    def start() -> list[int]:
+        calls, copy = [], torch._foreach_copy_
+        monkeypatch.setattr(torch, "_foreach_copy_", lambda *a, **k: (calls.append(1), copy(*a, **k))[1])
+        return calls
+
+    return start

@@ -266,7 +266,7 @@ class _SimulatedCudaGraph:
             static.copy_(new)
 
 
-def _simulated_recorder(monkeypatch, fn, static):
+def _simulated_recorder(monkeypatch, fn, static, spares=0):
     import contextlib
 
     from draftfuse.runtime.replay import GraphRecorder
@@ -283,7 +283,9 @@ def _simulated_recorder(monkeypatch, fn, static):
         if _SimulatedCudaGraph.capturing is not None:
             g = _SimulatedCudaGraph.capturing
             g.calls.append((fn, inputs))
-            g.outputs = [torch.empty_like(t) for t in fn(*inputs)]  # what the graph will write, unwritten yet
+            memory = {v.untyped_storage().data_ptr() for v in inputs}
+            # what the graph will write, unwritten yet (a view of an input stays one)
+            g.outputs = [t if t.untyped_storage().data_ptr() in memory else torch.empty_like(t) for t in fn(*inputs)]
             return tuple(g.outputs)
         return fn(*inputs)
 
@@ -298,7 +300,7 @@ def _simulated_recorder(monkeypatch, fn, static):
                         "stream": lambda s: contextlib.nullcontext(), "graph": graph}.items():  # fmt: skip
         monkeypatch.setattr(torch.cuda, name, value)
     device = type("Device", (), {"type": "cuda"})()
-    return GraphRecorder(region, static, set(), device)
+    return GraphRecorder(region, static, set(), device, spares=spares)
 
 
 def test_recorder_reads_inputs_in_place_then_copies_after_another_tensor(monkeypatch):
@@ -336,3 +338,69 @@ def test_recorder_keeps_an_expanded_input_in_place_and_a_failed_capture_unrecord
     with pytest.raises(RuntimeError, match="out of memory"):
         recorder.replay([torch.zeros(4), other_y])
     assert not recorder.captured and recorder.graph is None and recorder.generation > generation  # no old graph over new buffers
+
+
+def _recorded_with_spares(monkeypatch):
+    weight = torch.tensor([2.0, 2.0, 2.0, 2.0])
+    recorder = _simulated_recorder(monkeypatch, lambda w, x: (x * w, x.sum(0, keepdim=True)), [True, False], spares=2)
+    x = torch.arange(4.0)
+    recorder(weight, x)
+    recorder(weight, x)  # records: the main recording and two spares, each with output tensors of its own
+    assert len(recorder.spares) == 2
+    return recorder, x, weight
+
+
+def test_outputs_handed_out_are_never_written_by_a_later_call(monkeypatch, copy_launches):
+    recorder, x, weight = _recorded_with_spares(monkeypatch)
+    copies = copy_launches()
+    kept = []
+    for step in range(6):  # the caller keeps every call's outputs (and a view of one)
+        x.fill_(float(step))
+        outputs = recorder.replay_for_caller([x], [0, 1])
+        kept.append((step, outputs[0], outputs[1][0:1]))
+    for step, scaled, total in kept:
+        assert torch.equal(scaled, torch.full((4,), 2.0 * step)) and torch.equal(total, torch.tensor([4.0 * step]))
+    # the first two calls took the two spares; from then on both are held, so each call copied its outputs
+    assert len(copies) == 4
+    assert not any(spare.free() for spare in recorder.spares)
+
+
+def test_a_spare_replays_again_once_nothing_holds_its_outputs(monkeypatch, copy_launches):
+    recorder, x, weight = _recorded_with_spares(monkeypatch)
+    copies = copy_launches()
+    previous = None
+    for step in range(6):  # a server's loop: the last draft's outputs are held while the next one runs
+        x.fill_(float(step))
+        previous = recorder.replay_for_caller([x], [0, 1])
+        assert torch.equal(previous[0], torch.full((4,), 2.0 * step))
+    assert not copies, "with the last call's outputs held, the other spare is free: nothing is copied"
+    view = previous[1][:]  # a view of a handed-out output holds its spare as the tensor does
+    spare = next(s for s in recorder.spares if s.outputs[1].untyped_storage().data_ptr() == previous[1].untyped_storage().data_ptr())
+    del previous
+    assert not spare.free()
+    del view
+    assert spare.free()
+
+
+def test_a_resized_output_retires_its_spare(monkeypatch, copy_launches):
+    recorder, x, weight = _recorded_with_spares(monkeypatch)
+    outputs = recorder.replay_for_caller([x], [0, 1])
+    outputs[0].resize_(1000)  # grows the storage the spare's output tensor shares: its memory moves
+    del outputs
+    assert sum(spare.free() for spare in recorder.spares) == 1
+    copies = copy_launches()
+    for step in range(3):
+        x.fill_(float(step))
+        assert torch.equal(recorder.replay_for_caller([x], [0, 1])[0], torch.full((4,), 2.0 * step))
+    assert not copies
+
+
+def test_no_spares_when_an_output_is_in_an_input_s_memory(monkeypatch):
+    weight = torch.tensor([2.0, 2.0, 2.0, 2.0])
+    recorder = _simulated_recorder(monkeypatch, lambda w, x: (x * w, w[1:]), [True, False], spares=2)
+    x = torch.arange(4.0)
+    recorder(weight, x)
+    recorder(weight, x)
+    assert recorder.spares == []
+    outputs = recorder.replay_for_caller([x], [0])
+    assert torch.equal(outputs[0], x * 2)

@@ -82,6 +82,39 @@ def test_kept_outputs_are_not_overwritten_by_the_next_call():
     torch.testing.assert_close(kept[1], expected_a[1], rtol=0, atol=1e-5)
 
 
+def test_outputs_kept_from_every_call_stay_eager_and_a_server_loop_copies_nothing(copy_launches):
+    # Default outputs are the caller's: spare recordings hand theirs out while nothing else holds them,
+    # and copies are made only when every spare's outputs are still held.
+    model, tokens, hidden, kv_cache, position = make_inputs("cuda")
+    compiled = draft_loop(draft)
+    for _ in range(_WARM_CALLS):
+        compiled(model, tokens, hidden, kv_cache, position)
+    copies = copy_launches()
+    kept, expected = [], []
+    for seed in range(1, 7):  # every call's outputs kept: two spares, then a copy per call
+        tokens.copy_(_other_inputs(seed)[0])
+        hidden.copy_(_other_inputs(seed)[1])
+        with torch.no_grad():
+            expected.append(draft(model, tokens, hidden, kv_cache.clone(), position))
+        kept.append(compiled(model, tokens, hidden, kv_cache, position))
+    for got, want in zip(kept, expected):
+        assert torch.equal(got[0], want[0])
+        torch.testing.assert_close(got[1], want[1], rtol=0, atol=1e-5)
+    assert len(copies) == 4
+    del kept
+    copies.clear()
+    previous = None
+    for seed in range(7, 13):  # a server's loop: the last draft's outputs are held while the next one runs
+        tokens.copy_(_other_inputs(seed)[0])
+        with torch.no_grad():
+            want = draft(model, tokens, hidden, kv_cache.clone(), position)
+        got = compiled(model, tokens, hidden, kv_cache, position)
+        assert previous is None or got[1].data_ptr() != previous[1].data_ptr()
+        assert torch.equal(got[0], want[0])
+        previous = got
+    assert not copies
+
+
 def test_zero_copy_outputs_are_the_graphs_own():
     # The documented trade: no copy, and the next call reuses the same memory.
     model, tokens, hidden, kv_cache, position = make_inputs("cuda")
@@ -102,13 +135,6 @@ def test_cpu_tensor_input_on_a_cuda_draft_raises():
         draft_loop(_scaled)(torch.randn(4, device="cuda"), torch.tensor(2.0))
 
 
-def _counting_copies(monkeypatch) -> list[int]:
-    """Count torch._foreach_copy_ calls (the replay path's input copies; with zero-copy outputs, its only copies)."""
-    calls, copy = [], torch._foreach_copy_
-    monkeypatch.setattr(torch, "_foreach_copy_", lambda *a, **k: (calls.append(1), copy(*a, **k))[1])
-    return calls
-
-
 def _recorded_zero_copy():
     """A zero-copy draft called until it replays, its inputs, and its recorder."""
     model, tokens, hidden, kv_cache, position = make_inputs("cuda")
@@ -118,11 +144,11 @@ def _recorded_zero_copy():
     return compiled, (model, tokens, hidden, kv_cache, position), compiled._replays[0].recorder
 
 
-def test_persistent_input_buffers_are_read_where_they_are(monkeypatch):
+def test_persistent_input_buffers_are_read_where_they_are(monkeypatch, copy_launches):
     # A server keeps its input buffers and refills them for each draft: the graph reads them in place.
     compiled, (model, tokens, hidden, kv_cache, position), recorder = _recorded_zero_copy()
     assert recorder.in_place and any(buffer is hidden for buffer in recorder.buffers)
-    copies = _counting_copies(monkeypatch)
+    copies = copy_launches()
     for seed in (1, 2, 3):
         new_tokens, new_hidden = _other_inputs(seed)
         tokens.copy_(new_tokens)
@@ -135,9 +161,9 @@ def test_persistent_input_buffers_are_read_where_they_are(monkeypatch):
     assert not copies and recorder.in_place
 
 
-def test_other_input_tensors_record_again_over_static_buffers(monkeypatch):
+def test_other_input_tensors_record_again_over_static_buffers(monkeypatch, copy_launches):
     compiled, (model, tokens, hidden, kv_cache, position), recorder = _recorded_zero_copy()
-    copies = _counting_copies(monkeypatch)
+    copies = copy_launches()
     for seed in (1, 2, 3, 4):
         new_tokens, new_hidden = _other_inputs(seed)  # fresh tensors on every call, as most callers pass them
         with torch.no_grad():

@@ -15,13 +15,21 @@ parts:
     strides and dtype the guards pin, is the same input). The first call with a tensor elsewhere
     records once more, over static buffers, and from then on every call copies its inputs into them.
     Off CUDA it calls the region.
+    Outputs a caller keeps must not be written by its next call. Instead of copying them on every call,
+    the recorder captures two spare recordings of the region (CUDA graphs of their own, each with its
+    own output memory): a call replays a spare none of whose outputs any tensor outside the recorder
+    refers to (a storage use count, as torch's CUDA graph trees read it) and hands out new tensors over
+    that memory. A server holding the last draft's outputs while the next runs copies nothing; a
+    caller holding the outputs of both spares gets copies (the main recording, then one allocation and
+    one copy launch per output). Calls of one draft are expected on one CUDA stream, as for any CUDA
+    graph runner.
   * `Replay` is a recorded call that bypasses Dynamo: it checks Dynamo's own guards for the compiled
     frame (C++: argument shapes, dtypes, devices, the Python values the draft specialised on, module
     attributes, grad mode), plus an identity guard added to that guard tree for every static tensor
     (a replaced weight or KV cache fails it) and the data pointers of those tensors (one C-level map,
     for `p.data = ...`); then hands the call's non-static tensors to the recorder (read in place, or
-    copied into its static buffers), replays, and rebuilds the return value from the graph's outputs as
-    Dynamo's code did.
+    copied into its static buffers), replays (a free spare when outputs are the caller's), and rebuilds
+    the return value from the graph's outputs as Dynamo's code did.
 A Replay is built only where it is sound: Dynamo's code for the frame must do nothing but call the
 graph (no attribute or item stores, no other calls: a side effect would be skipped), every non-static
 graph input must be found from the call's arguments by its Dynamo source, and every returned value
@@ -54,7 +62,7 @@ _ALLOWED_NAMES = ("__compiled_fn", "__import_torch_dot__dynamo_dot_utils", "reco
 class GraphRecorder:
     """The compiled region, run plainly once, then captured in a CUDA graph and replayed (see the module doc)."""
 
-    def __init__(self, compiled: Callable[..., Any], static: Sequence[bool], written: set[int], device: torch.device) -> None:
+    def __init__(self, compiled: Callable[..., Any], static: Sequence[bool], written: set[int], device: torch.device, spares: int = 0) -> None:
         self.compiled = compiled
         self.static = list(static)  # per graph input: a weight, buffer or written input (True), read where it is
         self.written = written  # graph inputs the region writes in place (static): checked by address only
@@ -76,6 +84,8 @@ class GraphRecorder:
         self.in_place_pointers: list[int] = []  # their data pointers, while it does
         self.last_seen = 0  # draft_loop's: `calls` when it last looked for a call to build a Replay from
         self.refused: int | None = None  # draft_loop's: the generation a Replay was last refused for
+        self.spare_count = spares  # recordings whose outputs are handed to callers (see _Spare); none off CUDA
+        self.spares: list[_Spare] = []
 
     def __call__(self, *inputs: Any) -> Any:
         self.calls += 1
@@ -114,23 +124,53 @@ class GraphRecorder:
     def replay(self, sources: Sequence[torch.Tensor]) -> None:
         """Run the recorded region on `sources` (the non-static inputs, in order): on CUDA, replay the graph
         (after copying them into the static buffers, unless they are the held inputs it reads in place);
-        elsewhere, call the region on them."""
+        elsewhere, call the region on them. The outputs are `self.outputs`, overwritten by the next run."""
         if self.device.type != "cuda":
             self.outputs = self.compiled(*self._inputs_with(sources))
             return
+        self._bring(sources)
+        self.graph.replay()
+
+    def replay_for_caller(self, sources: Sequence[torch.Tensor], kept: Sequence[int]) -> list[Any]:
+        """`replay`, returning the flat outputs with those at the indices `kept` (the ones the caller
+        keeps) the caller's own: no later run writes them. A spare recording whose outputs no tensor
+        outside the recorder shares replays, and its outputs are handed out as new tensors over that
+        memory (nothing copied); when every spare's outputs are still held (or there are none) the main
+        recording replays and the kept outputs are copied (one allocation and one copy launch each)."""
+        if self.device.type == "cuda":
+            self._bring(sources)
+            for spare in self.spares:
+                if spare.free():
+                    spare.graph.replay()
+                    outputs = list(spare.outputs)
+                    for i in kept:
+                        outputs[i] = outputs[i].detach()  # a new tensor over the spare's memory: held, it keeps the spare busy
+                    return outputs
+            self.graph.replay()
+        else:
+            self.outputs = self.compiled(*self._inputs_with(sources))
+        outputs = list(self.flat_outputs())
+        if kept:
+            copies = [torch.empty_like(outputs[i]) for i in kept]
+            torch._foreach_copy_(copies, [outputs[i] for i in kept])
+            for i, copy in zip(kept, copies):
+                outputs[i] = copy
+        return outputs
+
+    def _bring(self, sources: Sequence[torch.Tensor]) -> None:
+        """Make the recorded graph read `sources`: nothing to do when they are the held inputs it reads in
+        place; a tensor elsewhere records again over static buffers (for good; over these tensors when one
+        is expanded, see _capture); with static buffers, copy the sources into them (one launch)."""
         if self.in_place:
-            if list(map(torch.Tensor.data_ptr, sources)) != self.in_place_pointers:
-                # A tensor elsewhere: record again over static buffers, for good (over these tensors, when one
-                # is expanded: see _capture).
-                self.in_place = False
-                self._capture(self._inputs_with(sources))
-                log.info("draftfuse: an input tensor of the recorded region is another one: recorded again")
+            if list(map(torch.Tensor.data_ptr, sources)) == self.in_place_pointers:
+                return
+            self.in_place = False
+            self._capture(self._inputs_with(sources))
+            log.info("draftfuse: an input tensor of the recorded region is another one: recorded again")
             if self.in_place:
-                self.graph.replay()  # the tensors of the recording: nothing to copy
                 return
         if sources:
             torch._foreach_copy_(self.buffers, sources)
-        self.graph.replay()
 
     def _inputs_with(self, sources: Sequence[torch.Tensor]) -> list[Any]:
         """The recorded inputs, with `sources` in place of the non-static ones."""
@@ -141,7 +181,7 @@ class GraphRecorder:
 
     def _forget(self) -> None:
         """Drop the recording: the Replays of it are stale from now on (a capture starts with this)."""
-        self.graph, self.captured, self.outputs, self._flat = None, False, None, None
+        self.graph, self.captured, self.outputs, self._flat, self.spares = None, False, None, None, []
         self.generation += 1
 
     def _capture(self, inputs: Sequence[Any]) -> None:
@@ -168,14 +208,54 @@ class GraphRecorder:
         self.buffers = [buffer for _, buffer in self.copies]
         self.in_place_pointers = [b.data_ptr() for b in self.buffers] if cuda and self.in_place else []
         if cuda:
-            graph = torch.cuda.CUDAGraph()
-            stream = torch.cuda.Stream(self.device)
-            stream.wait_stream(torch.cuda.current_stream(self.device))
-            with torch.cuda.stream(stream), torch.cuda.graph(graph, stream=stream):
-                self.outputs = self.compiled(*self.inputs)
-            torch.cuda.current_stream(self.device).wait_stream(stream)
-            self.graph = graph
+            self.graph, self.outputs = self._record()
+            spares = []
+            if not _shares_storage(tree_flatten(self.outputs)[0], self.inputs):  # outputs in the graph's own memory
+                for _ in range(self.spare_count):
+                    graph, outputs = self._record()  # its own memory pool: no other recording writes its outputs
+                    spares.append(_Spare(graph, tree_flatten(outputs)[0]))
+            self.spares = spares
         self.captured = True  # off CUDA: the static inputs are recorded, the region is called on each call's
+
+    def _record(self) -> tuple[torch.cuda.CUDAGraph, Any]:
+        """Capture the region over `self.inputs` in a new CUDA graph (a private memory pool); its outputs."""
+        graph = torch.cuda.CUDAGraph()
+        stream = torch.cuda.Stream(self.device)
+        stream.wait_stream(torch.cuda.current_stream(self.device))
+        with torch.cuda.stream(stream), torch.cuda.graph(graph, stream=stream):
+            outputs = self.compiled(*self.inputs)
+        torch.cuda.current_stream(self.device).wait_stream(stream)
+        return graph, outputs
+
+
+class _Spare:
+    """A recording of the region (a CUDA graph of its own, over the same inputs) whose output tensors are
+    handed to the caller instead of copied. It may replay only while no tensor outside it shares its
+    outputs' memory: each output storage's use count (the tensors, views included, and storage objects
+    that refer to it) is the count it had when recorded, and its data pointer is the recorded one (a
+    caller's resize_ of a handed-out tensor moves it: the spare is then never free again). The count
+    is what torch's CUDA graph trees read to tell whether an output is alive."""
+
+    def __init__(self, graph: torch.cuda.CUDAGraph, outputs: list[Any]) -> None:
+        self.graph = graph
+        self.outputs = outputs
+        storages = {}
+        for t in outputs:
+            if isinstance(t, torch.Tensor):
+                storage = t.untyped_storage()
+                storages.setdefault(storage._cdata, storage)
+        self.storages = list(storages.values())  # held: part of the recorded counts
+        self.counts = [torch._C._storage_Use_Count(s._cdata) for s in self.storages]
+        self.pointers = [s.data_ptr() for s in self.storages]
+
+    def free(self) -> bool:
+        return [torch._C._storage_Use_Count(s._cdata) for s in self.storages] == self.counts and [s.data_ptr() for s in self.storages] == self.pointers
+
+
+def _shares_storage(outputs: Sequence[Any], inputs: Sequence[Any]) -> bool:
+    """Whether an output tensor is in the memory of an input tensor (a view of a KV cache, say)."""
+    held = {v.untyped_storage().data_ptr() for v in inputs if isinstance(v, torch.Tensor)}
+    return any(isinstance(t, torch.Tensor) and t.untyped_storage().data_ptr() in held for t in outputs)
 
 
 def _sizes(inputs: Sequence[Any]) -> tuple:
@@ -215,6 +295,8 @@ def _guard_nodes(root: Any) -> dict[str, Any]:
         except Exception:
             pass
         stack.extend(node.get_child_managers())
+        if hasattr(node, "get_key_value_managers"):  # a dict's entries (a ModuleList's modules, say)
+            stack.extend(m for pair in node.get_key_value_managers().values() for m in pair if m is not None)
     return found
 
 
@@ -262,16 +344,13 @@ class Replay:
         fetchers: list[Callable],
         held: list[torch.Tensor],
         template: tuple,
-        written: list[Callable],
         identities: list[tuple[str, torch.Tensor]],
     ) -> None:
         self.guard = guard  # Dynamo's guard manager for the frame, with identity guards added
         self.recorder = recorder
         self.fetchers = fetchers  # per non-static input, in the recorder's order: f_locals -> tensor
-        self.written = written  # per written static input (a KV cache): f_locals -> tensor, its address checked
-        self.written_pointers = [recorder.last_call_inputs[i].data_ptr() for i in sorted(recorder.written)]
         self.same_static = _identity_check(identities)  # static tensors no guard node holds, checked in one call
-        self.held = held  # the static tensors the graph reads in place (weights, buffers), written ones aside
+        self.held = held  # the static tensors the graph reads and writes in place (weights, buffers, KV caches)
         self.pointers = [t.data_ptr() for t in held]
         self.leaves, self.spec = template
         self.flat_tuple = self.spec == tree_flatten(tuple(range(len(self.leaves))))[1]  # rebuilt without pytree
@@ -295,26 +374,27 @@ class Replay:
         for index, (placeholder, value, static) in enumerate(zip(placeholders, recorder.last_call_inputs, recorder.static)):
             if not static:
                 continue
-            if index in recorder.written:
-                continue  # a KV cache: checked by address (`written`); another tensor must raise, not recompile
+            # A weight, buffer or KV cache: the same tensor at the same address (`held`). A weight's identity
+            # is a guard added to its node in Dynamo's guard tree (another weight recompiles); a KV cache's
+            # is checked here, as is any tensor without a node: another KV cache, or a moved one, goes
+            # through Dynamo unchanged, whose compiled draft raises for it (draft_loop's address check).
             held.append(value)
-            node = nodes.get(source_name(placeholder._dynamo_source))
-            if node is not None:
-                _add_identity_guard(node, value, source_name(placeholder._dynamo_source))
+            name = source_name(placeholder._dynamo_source)
+            node = nodes.get(name)
+            if node is not None and index not in recorder.written:
+                _add_identity_guard(node, value, name)
                 continue
-            # Dynamo guards this tensor some other way (a dict tag over its module, say): check it here
             if _fetcher(placeholder, value, scope) is None:
                 return None
-            identities.append((source_name(placeholder._dynamo_source), value))
+            identities.append((name, value))
         fetchers = [_fetcher(placeholders[i], recorder.last_call_inputs[i], scope) for i, _ in recorder.copies]
-        written = [_fetcher(placeholders[i], recorder.last_call_inputs[i], scope) for i in sorted(recorder.written)]
-        if any(f is None for f in [*fetchers, *written]):
+        if any(f is None for f in fetchers):
             return None
         template = cls._template(recorder, f_locals, output)
         if template is None:
             _no_fast_replay("the draft returns a tensor that is neither a graph output nor an argument")
             return None
-        return cls(entry.guard_manager, recorder, fetchers, held, template, written, identities)
+        return cls(entry.guard_manager, recorder, fetchers, held, template, identities)
 
     @staticmethod
     def _unsound(entry: Any, recorder: GraphRecorder, placeholders: list[Any]) -> str:
@@ -360,11 +440,7 @@ class Replay:
                 return False
             if not self.same_static(f_locals):
                 if explain:
-                    log.debug("draftfuse: replay missed: a weight or buffer is another tensor")
-                return False
-            if [fetch(f_locals).data_ptr() for fetch in self.written] != self.written_pointers:
-                if explain:
-                    log.debug("draftfuse: replay missed: a tensor the draft writes is another one")
+                    log.debug("draftfuse: replay missed: a weight, buffer or KV cache is another tensor")
                 return False
         except Exception as error:
             if explain:
@@ -373,14 +449,8 @@ class Replay:
         return True
 
     def run(self, f_locals: dict[str, Any], clone: bool) -> Any:
-        recorder = self.recorder
-        recorder.replay([fetch(f_locals) for fetch in self.fetchers])
-        outputs = recorder.flat_outputs()
-        if clone and self.graph_leaves:  # fresh copies of the graph's outputs: one copy launch for all
-            picked = [outputs[i] for i in self.graph_leaves]
-            copies = [torch.empty_like(t) for t in picked]
-            torch._foreach_copy_(copies, picked)
-            outputs = dict(zip(self.graph_leaves, copies))
+        sources = [fetch(f_locals) for fetch in self.fetchers]
+        outputs = self.recorder.replay_for_caller(sources, self.graph_leaves if clone else ())
         values = []
         for kind, where in self.leaves:
             if kind == "graph":
