@@ -8,8 +8,9 @@ In one process, on the same inputs (the timing itself is draftfuse/_measure.py's
   * median_us, p10_us, p90_us: warm-up, then `rounds` rounds in which the variants alternate call by call;
     each call timed with CUDA events from an idle device (synchronised before): the device's view of one
     draft, launch gaps included.
-  * host_us_per_call: _measure.host_time, the time for the Python call to return with the GPU kept busy
-    behind a long GPU sleep (checked still busy when the batch ended), elapsed / calls.
+  * host_us_per_call: _measure.host_times, the time for the Python call to return with the GPU kept busy
+    behind a long GPU sleep (checked still busy when the batch ended), elapsed / calls; the median of 5
+    batches, the variants taking turns.
   * graph and kernel launches per call: torch.profiler over a few more calls of each variant.
   * tokens: the drafted tokens of one more call, compared with those of `eager` and of
     `hand_fold+hand_argmax` (each row names its references).
@@ -93,14 +94,14 @@ def bench_draft(
         calls = _compile_all(built, device, f"{workload} batch {batch} (warm)", errors, warm)
 
     samples = _measure.time_alternating(calls, device, rounds, WARMUP_ROUNDS, errors)
-    tokens, host = {}, {}
+    tokens = {}
     for variant, call in list(calls.items()):
         try:
-            host[variant] = _measure.host_time(call, device)
             tokens[variant] = _draft_tokens(call())
         except Exception as exc:
             del calls[variant]
             errors[variant] = _measure.report_error(exc)
+    host = _measure.host_times(calls, device)
     launches = {}
     if device.type == "cuda" and calls:
         try:

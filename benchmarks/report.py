@@ -259,8 +259,10 @@ NOTES = [
     "the device: a GPU sleep (torch.cuda._sleep, calibrated) queued first, N calls timed back to back with "
     "perf_counter, elapsed / N; valid only if an event recorded behind the sleep had not completed when the "
     "batch ended (else retried with fewer calls and a longer sleep; null, with a note, if the call waits on the "
-    "device). raw_cuda_graph: the hand edit captured once in a torch.cuda.CUDAGraph; per call, its inputs "
-    "copied into static buffers, one replay, the outputs cloned (as draftfuse clones them by default).",
+    "device); the median of 5 such batches, the variants taking turns. raw_cuda_graph: the hand edit captured "
+    "once in a torch.cuda.CUDAGraph; per call, its inputs copied into static buffers, one replay, the outputs "
+    "cloned. draftfuse's outputs are the caller's too, without a copy while a spare recording is free (the "
+    "benchmark drops each call's outputs).",
     "- Launches: torch.profiler host events per call; a launch inside another launch call counts once. Kernels "
     "inside a CUDA graph replay are not launched individually: a replay shows as one cudaGraphLaunch. "
     "Selection launches are of the call run eagerly (its timing is inside a CUDA graph).",

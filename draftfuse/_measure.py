@@ -31,6 +31,7 @@ import torch
 # CUDA graph trees run eagerly on the first call, record on the second and replay from the third.
 WARMUP_CALLS = 3
 HOST_CALLS = 20  # calls per host-time batch
+HOST_BATCHES = 5  # host-time batches per call in host_times (the median is taken)
 GRAPH_LAUNCHES = ("cudaGraphLaunch", "cuGraphLaunch")
 KERNEL_LAUNCHES = ("cudaLaunchKernel", "cuLaunchKernel", "cudaLaunchCooperativeKernel")
 
@@ -166,6 +167,22 @@ def _sleep_cycles_per_us(device: torch.device) -> float:
                 rates.append(10_000_000 / (start.elapsed_time(end) * 1e3))
         _SLEEP_CYCLES_PER_US[index] = max(rates)
     return _SLEEP_CYCLES_PER_US[index]
+
+
+def host_times(calls: dict[str, Callable[[], object]], device: torch.device, batches: int = HOST_BATCHES) -> dict[str, HostTime]:
+    """host_time of each call, `batches` times in turn (a batch of each call, then again): the median of
+    each call's batches, so that the host's drift (tens of percent on a shared machine) falls on every
+    call alike. A call that waits on the device (no host time in its first batch) is not timed again."""
+    times: dict[str, list[HostTime]] = {name: [] for name in calls}
+    for round_ in range(batches):
+        for name, call in calls.items():
+            if round_ == 0 or times[name][0].us_per_call is not None:
+                times[name].append(host_time(call, device))
+    medians = {}
+    for name, found in times.items():
+        valid = sorted((t for t in found if t.us_per_call is not None), key=lambda t: t.us_per_call)
+        medians[name] = valid[(len(valid) - 1) // 2] if valid else found[-1]
+    return medians
 
 
 def host_time(call: Callable[[], object], device: torch.device, calls: int = HOST_CALLS, attempts: int = 5) -> HostTime:

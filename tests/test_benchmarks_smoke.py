@@ -207,6 +207,21 @@ def test_launches_are_counted_per_labelled_call_and_nested_launches_once():
     assert counts == {"two kernels": (0, 2), "one graph": (1, 0), ("k", 4): (0, 0)}
 
 
+def test_host_times_take_turns_and_the_median(monkeypatch):
+    order, figures = [], {"fast": [9.0, 3.0, 5.0, 4.0, 30.0], "waits": [None]}
+    gpu = torch.device("cuda")
+
+    def host_time(call, device):
+        name = call()
+        order.append(name)
+        return _measure.HostTime(figures[name][order.count(name) - 1], 20, 1000.0, 1 if figures[name][0] else 5)
+
+    monkeypatch.setattr(_measure, "host_time", host_time)
+    times = _measure.host_times({"fast": lambda: "fast", "waits": lambda: "waits"}, gpu, batches=5)
+    assert order == ["fast", "waits", "fast", "fast", "fast", "fast"]  # a call with no host time is not retried
+    assert times["fast"].us_per_call == 5.0 and times["waits"].us_per_call is None and times["waits"].note
+
+
 def test_one_median_and_cpu_timings():
     assert _measure.summary([4.0, 1.0, 3.0, 2.0]) == pytest.approx({"median_us": 2.5, "p10_us": 1.3, "p90_us": 3.7})
     assert _measure.quantile([5.0], 0.9) == 5.0
