@@ -292,7 +292,7 @@ def markdown(
     lines += ["", *target_table(points)]
     skipped = [s for run in runs for s in run.get("skipped", [])]
     if skipped:
-        lines += ["", "Not measured in this run (time budget): " + ", ".join(skipped) + "."]
+        lines += ["", "Not measured (time budget): " + ", ".join(skipped) + "."]
     lines.append("")
     for workload in DRAFT_WORKLOADS:
         mine = [r for r in rows if r["workload"] == workload]

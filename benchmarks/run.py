@@ -77,11 +77,17 @@ class _Results:
             self.rows = {row_key(r): r for r in old_rows}
             self.runs = old_meta.get("runs", [])
 
-    def add(self, rows: list[dict]) -> None:
+    def add(self, label: str, rows: list[dict]) -> None:
         self.rows.update((row_key(r), r) for r in rows)
+        for run in self.runs:  # measured now: neither skipped nor measured by an earlier run any more
+            run["skipped"] = [s for s in run.get("skipped", []) if s != label]
+            if "measured" in run:
+                run["measured"] = [s for s in run["measured"] if s != label]
 
     def write(self, run: dict) -> str:
-        runs = [r for r in self.runs if r is not run] + [run]
+        # an earlier run none of whose rows are left is not listed (runs from before "measured" was kept stay)
+        self.runs = [r for r in self.runs if r is not run and (r.get("measured") != [] or r.get("skipped"))]
+        runs = self.runs + [run]
         return report.write(self.out, self.name, self.meta, list(self.rows.values()), runs, self.baseline, self.tp)
 
 
@@ -158,7 +164,7 @@ def main(argv: list[str] | None = None) -> None:
         torch.set_num_threads(1)
     warnings.filterwarnings("ignore", message="draftfuse: draft .* runs on the CPU")
     command = "python benchmarks/run.py " + " ".join(argv if argv is not None else sys.argv[1:])
-    run = {"command": command.strip(), "size": args.size, "seconds": 0.0, "skipped": []}
+    run = {"command": command.strip(), "size": args.size, "seconds": 0.0, "skipped": [], "measured": []}
     # On a GPU, compile_cold_s must be cold: a fresh Inductor (and Triton) cache for this process.
     caches = fresh_cache() if cuda else contextlib.nullcontext()
     with caches, torch.no_grad():
@@ -200,7 +206,8 @@ def main(argv: list[str] | None = None) -> None:
                 gc.collect()
                 if cuda:
                     torch.cuda.empty_cache()
-            results.add(rows)
+            results.add(label, rows)
+            run["measured"].append(label)
             shown = [r for r in rows if r["k"] in (1, None) and not r.get("temperature")]
             summary = (f"{r['variant']} {report._fmt(r['median_us'])} µs (host {report._fmt(r['host_us_per_call'])})"
                        for r in shown)

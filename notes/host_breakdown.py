@@ -16,7 +16,8 @@ busy, so no call waits on it), in one process, side by side:
                              like the static buffers of a recording that copies its inputs)
   draftfuse Python only      draftfuse's call with the graphs' replays made no-ops (a spare handed out)
 
-Each figure is the median of 5 host_time batches. Usage (GPU): python notes/host_breakdown.py [--batches 1 32]
+Each figure is the median of 5 host_time batches; raw_cuda_graph and the three draftfuse calls take turns,
+9 batches each (_measure.host_times), so that the host's drift falls on them alike. Usage (GPU): python notes/host_breakdown.py [--batches 1 32]
 """
 
 import argparse
@@ -35,6 +36,7 @@ from benchmarks import _drafts  # noqa: E402
 from draftfuse import _measure  # noqa: E402
 from draftfuse.runtime.draft_loop import DraftLoop  # noqa: E402
 
+ROUNDS = 9  # host_time batches of each of the variants that take turns
 BUILDERS = {"mtp": _drafts.build_mtp, "eagle": _drafts.build_eagle, "draft_model": _drafts.build_draft_model}
 
 
@@ -77,13 +79,23 @@ def breakdown(name: str, batch: int, device: torch.device, size: str) -> dict:
         torch.cuda.synchronize()
         out["graph.replay() alone"] = host_us(replay.recorder.graph.replay, device)
         out["raw runner graph.replay()"] = host_us(raw_graph.replay, device)
-    out["raw_cuda_graph"] = host_us(raw, device)
-    loop._zero_copy = True
-    out["draftfuse zero-copy"] = host_us(ours, device)
-    loop._zero_copy = False
-    out["draftfuse"] = host_us(ours, device)  # its outputs dropped at once: a spare is free on every call
     held = [None]
-    out["draftfuse, last outputs held"] = host_us(lambda: held.__setitem__(0, ours()), device)  # a server's loop
+
+    def zero_copy():
+        loop._zero_copy = True
+        ours()
+        loop._zero_copy = False
+
+    turns = {  # these take turns, ROUNDS host_time batches each (the benchmark's method, more batches)
+        "raw_cuda_graph": raw,
+        "draftfuse zero-copy": zero_copy,
+        "draftfuse": ours,  # its outputs dropped at once: a spare is free on every call
+        "draftfuse, last outputs held": lambda: held.__setitem__(0, ours()),  # a server's loop
+    }
+    if device.type == "cuda":
+        out.update((k, t.us_per_call) for k, t in _measure.host_times(turns, device, batches=ROUNDS).items())
+    else:
+        out.update((k, python_us(call, 200)) for k, call in turns.items())
     held[0] = None
     recorder = replay.recorder
     pins = [[t.detach() for t in spare.outputs if isinstance(t, torch.Tensor)] for spare in recorder.spares]

@@ -131,7 +131,7 @@ def test_table_marks_each_target_met_or_missed_with_its_ratio(monkeypatch):
     assert "≤ 1 (batch 1) | 0 | 1 | 0 | tp 2 V=128256 B=1 k=1: 1.25× vs <= 1.00× (ratio 1.25) |" in table
     assert "tokens match on every row | 3 | 1 | 0 |" in table
     assert "(batch 64, vocab 128256) | 0 | 0 | 1 | – |" in table  # no tp 4/8 rows
-    assert "Not measured in this run (time budget): eagle 8." in table
+    assert "Not measured (time budget): eagle 8." in table
     assert "| mtp batch 1 | 25.00 µs | <= 30.00 µs | 0.83 | met |  |" in table  # a met point, with its ratio
     assert table.index("## Targets") < table.index("## mtp:") < table.index("## Target points")
 
@@ -176,20 +176,29 @@ def test_report_merges_results_files_and_prints_the_targets_last(tmp_path, capsy
 
 def test_a_partial_run_keeps_the_other_rows_of_the_results_file(tmp_path):
     meta = {"gpu": "cpu", "torch": "2.13", "date": "today", "copy_bandwidth_TBps": None}
-    info = {"command": "first", "size": "tiny", "seconds": 0.0, "skipped": []}
+    info = {"command": "first", "size": "tiny", "seconds": 0.0, "skipped": ["mtp 8", "eagle 8"]}
     first = run._Results(tmp_path, "cpu", meta, partial=False)
-    first.add([_draft("eagle", 1, "eager", 3.0), _draft("mtp", 1, "eager", 1.0)])
+    first.add("eagle 1", [_draft("eagle", 1, "eager", 3.0)])
+    first.add("mtp 1", [_draft("mtp", 1, "eager", 1.0)])
     first.write(info)
 
     partial = run._Results(tmp_path, "cpu", meta, partial=True)  # e.g. --only mtp
-    partial.add([_draft("mtp", 1, "eager", 2.0)])
-    partial.write(dict(info, command="second"))
+    partial.add("mtp 1", [_draft("mtp", 1, "eager", 2.0)])
+    partial.add("mtp 8", [_draft("mtp", 8, "eager", 2.0)])  # skipped by the first run, measured now
+    partial.write(dict(info, command="second", skipped=[]))
     results = json.loads((tmp_path / "cpu.json").read_text())
-    assert [(r["workload"], r["median_us"]) for r in results["rows"]] == [("mtp", 2.0), ("eagle", 3.0)]
-    assert [r["command"] for r in results["runs"]] == ["first", "second"]
+    assert sorted((r["workload"], r["batch"], r["median_us"]) for r in results["rows"]) == [("eagle", 1, 3.0), ("mtp", 1, 2.0), ("mtp", 8, 2.0)]
+    assert [(r["command"], r["skipped"]) for r in results["runs"]] == [("first", ["eagle 8"]), ("second", [])]
+    # a run all of whose rows were measured again is no longer listed
+    again = run._Results(tmp_path, "cpu", meta, partial=True)
+    again.runs[0]["skipped"] = []
+    again.runs[0]["measured"] = ["eagle 1"]
+    again.add("eagle 1", [_draft("eagle", 1, "eager", 5.0)])
+    again.write(dict(info, command="third", skipped=[], measured=["eagle 1"]))
+    assert [r["command"] for r in json.loads((tmp_path / "cpu.json").read_text())["runs"]] == ["second", "third"]
 
     full = run._Results(tmp_path, "cpu", meta, partial=False)
-    full.add([_draft("mtp", 1, "eager", 4.0)])
+    full.add("mtp 1", [_draft("mtp", 1, "eager", 4.0)])
     full.write(info)
     rows = json.loads((tmp_path / "cpu.json").read_text())["rows"]
     assert [(r["workload"], r["median_us"]) for r in rows] == [("mtp", 4.0)]
