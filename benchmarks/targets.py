@@ -130,8 +130,8 @@ def _host_reason(host: float | None, raw: float | None) -> str | None:
         return None
     floor = f"{raw:.1f} µs, above the target: the floor of the method on this machine" if raw > HOST_LIMIT_US else f"{raw:.1f} µs"
     return (f"the raw CUDA graph runner (input copies, replay, output clones), measured alike in the same run, takes "
-            f"{floor}; draftfuse / raw = {host / raw:.2f}: the rest is draftfuse's replay path (Dynamo's C++ guards, "
-            "argument binding, output rebuild); each part measured in notes/host.md")  # fmt: skip
+            f"{floor}; draftfuse / raw = {host / raw:.2f}: draftfuse's call is its graph replay and its Python (Dynamo's "
+            "C++ guards, argument binding, output rebuild); each part measured in notes/host.md")  # fmt: skip
 
 
 def _tokens(target: str, where: str, r: dict | None) -> Point:
