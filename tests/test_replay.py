@@ -100,6 +100,71 @@ def test_a_change_that_would_make_the_recording_wrong_goes_through_dynamo(change
         check_same(compiled, head, hidden, cache, position)
 
 
+class Stack(nn.Module):
+    """Layers in a ModuleList, each with a KV cache buffer it writes: Dynamo guards these through its
+    dict entries (the identity guards draftfuse adds must reach them)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.layers = nn.ModuleList(nn.Linear(8, 8) for _ in range(2))
+        for layer in self.layers:
+            layer.register_buffer("cache", torch.zeros(6, 8))
+            layer.scale = 1.0
+
+
+def stack_draft(stack, hidden, position):
+    tokens = []
+    for step in range(2):
+        for layer in stack.layers:
+            hidden = torch.tanh(layer(hidden)) * layer.scale
+            layer.cache.index_copy_(0, position + step, hidden[:1])
+        tokens.append(torch.softmax(hidden, -1).argmax(-1))
+    return torch.stack(tokens, 1), hidden
+
+
+@pytest.mark.parametrize("change", ["attribute", "weight replaced", "weight storage swapped", "layer replaced", "nothing"])
+def test_a_change_inside_a_module_list_goes_through_dynamo(change):
+    torch.manual_seed(0)
+    stack, hidden, position = Stack().requires_grad_(False), torch.randn(2, 8), torch.tensor([1])
+    compiled = warmed(draftfuse.draft_loop(stack_draft), stack, hidden, position)
+    if change == "attribute":
+        stack.layers[1].scale = 0.5
+    elif change == "weight replaced":
+        stack.layers[1].weight = nn.Parameter(torch.randn(8, 8), requires_grad=False)
+    elif change == "weight storage swapped":
+        stack.layers[0].weight.data = torch.randn(8, 8)
+    elif change == "layer replaced":
+        layer = nn.Linear(8, 8).requires_grad_(False)
+        layer.register_buffer("cache", stack.layers[1].cache)
+        layer.scale = 1.0
+        stack.layers[1] = layer
+    calls = recorder_calls(compiled)
+    for _ in range(3):  # through Dynamo when something changed, then recorded again
+        caches = [layer.cache.clone() for layer in stack.layers]
+        want = stack_draft(stack, hidden, position)
+        want_caches = [layer.cache.clone() for layer in stack.layers]
+        for layer, cache in zip(stack.layers, caches):
+            layer.cache.copy_(cache)
+        got = compiled(stack, hidden, position)
+        assert torch.equal(got[0], want[0]) and torch.allclose(got[1], want[1])
+        assert all(torch.allclose(layer.cache, c) for layer, c in zip(stack.layers, want_caches))
+        if change != "nothing" and _ == 0:
+            assert recorder_calls(compiled) > calls, "the call went through Dynamo"
+    if change == "nothing":
+        assert recorder_calls(compiled) == calls, "nothing changed: every call replayed without Dynamo"
+        # the weights' identities are guards in Dynamo's tree (under its dict entries); only the caches are checked by source
+        assert compiled._replays[0].checked_by_source == [f"L['stack']._modules['layers']._modules['{i}']._buffers['cache']" for i in "01"]
+
+
+def test_another_kv_buffer_in_a_module_list_raises():
+    torch.manual_seed(0)
+    stack, hidden, position = Stack().requires_grad_(False), torch.randn(2, 8), torch.tensor([1])
+    compiled = warmed(draftfuse.draft_loop(stack_draft), stack, hidden, position)
+    stack.layers[1].cache = torch.zeros(6, 8)  # a buffer the draft writes, replaced
+    with pytest.raises(CudagraphSkipError, match="written in place"):
+        compiled(stack, hidden, position)
+
+
 def test_a_moved_kv_cache_raises():
     head, hidden, cache, position = make()
     compiled = warmed(draftfuse.draft_loop(draft), head, hidden, cache, position)

@@ -351,7 +351,8 @@ class Replay:
         self.guard = guard  # Dynamo's guard manager for the frame, with identity guards added
         self.recorder = recorder
         self.fetchers = fetchers  # per non-static input, in the recorder's order: f_locals -> tensor
-        self.same_static = _identity_check(identities)  # static tensors no guard node holds, checked in one call
+        self.same_static = _identity_check(identities)  # KV caches, and static tensors no guard node holds: one call
+        self.checked_by_source = [name for name, _ in identities]
         self.held = held  # the static tensors the graph reads and writes in place (weights, buffers, KV caches)
         self.pointers = [t.data_ptr() for t in held]
         self.leaves, self.spec = template
