@@ -188,6 +188,7 @@ def test_after_a_weight_moved_the_draft_is_recorded_again_and_replays():
     check_same(compiled, head, hidden, cache, position)
     assert recorder_calls(compiled) == calls, "the new recording replays without Dynamo"
     assert len(compiled._replays) == 1, "the replay of the old recording is dropped"
+    assert len(compiled.compiles) == 1, "p.data = ... records again without a compile"
 
 
 def test_the_overlap_check_is_the_one_of_the_compile_replayed():
@@ -436,8 +437,11 @@ def test_a_spare_replays_again_once_nothing_holds_its_outputs(monkeypatch, copy_
     previous = None
     for step in range(6):  # a server's loop: the last draft's outputs are held while the next one runs
         x.fill_(float(step))
-        previous = recorder.replay_for_caller([x], [0, 1])
-        assert torch.equal(previous[0], torch.full((4,), 2.0 * step))
+        outputs = recorder.replay_for_caller([x], [0, 1])
+        assert previous is None or torch.equal(previous[0], torch.full((4,), 2.0 * (step - 1))), "held: not written"
+        assert torch.equal(outputs[0], torch.full((4,), 2.0 * step))
+        previous = outputs
+    del outputs
     assert not copies, "with the last call's outputs held, the other spare is free: nothing is copied"
     view = previous[1][:]  # a view of a handed-out output holds its spare as the tensor does
     spare = next(s for s in recorder.spares if s.outputs[1].untyped_storage().data_ptr() == previous[1].untyped_storage().data_ptr())
@@ -469,3 +473,35 @@ def test_no_spares_when_an_output_is_in_an_input_s_memory(monkeypatch):
     assert recorder.spares == []
     outputs = recorder.replay_for_caller([x], [0])
     assert torch.equal(outputs[0], x * 2)
+
+
+def test_a_held_storage_object_keeps_its_spare_busy(monkeypatch):
+    recorder, x, weight = _recorded_with_spares(monkeypatch)
+    storage = recorder.replay_for_caller([x], [0, 1])[0].untyped_storage()  # the tensors dropped, their storage kept
+    kept = torch.empty(0).set_(storage).clone()
+    for step in range(1, 4):
+        x.fill_(float(step))
+        recorder.replay_for_caller([x], [0, 1])
+    assert torch.equal(torch.empty(0).set_(storage), kept), "the storage object held: its memory is not written"
+
+
+def test_a_failed_spare_capture_keeps_the_main_recording(monkeypatch):
+    weight = torch.tensor([2.0, 2.0, 2.0, 2.0])
+    recorder = _simulated_recorder(monkeypatch, lambda w, x: (x * w,), [True, False], spares=2)
+    graph = torch.cuda.graph
+    captures = []
+
+    def failing_second(g, stream=None):
+        captures.append(g)
+        if len(captures) == 2:
+            raise RuntimeError("CUDA out of memory")
+        return graph(g, stream)
+
+    monkeypatch.setattr(torch.cuda, "graph", failing_second)
+    x = torch.arange(4.0)
+    recorder(weight, x)
+    with pytest.warns(UserWarning, match="no spare recordings for this draft .*out of memory.*copied"):
+        recorder(weight, x)
+    assert recorder.captured and recorder.graph is captures[0] and recorder.spares == []
+    x.fill_(3.0)
+    assert torch.equal(recorder.replay_for_caller([x], [0])[0], torch.full((4,), 6.0))

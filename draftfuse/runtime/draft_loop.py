@@ -196,6 +196,13 @@ class DraftLoop:
 
     def _record_replay(self, args: tuple, kwargs: dict, out: Any) -> None:
         """After a call through Dynamo, record it as a Replay where that is sound (replay.py)."""
+        try:
+            self._build_replay(args, kwargs, out)
+        finally:
+            for recorder, _ in self._recorders:
+                recorder.last_call_inputs = ()  # the call's tensors are not held past it
+
+    def _build_replay(self, args: tuple, kwargs: dict, out: Any) -> None:
         self._replays = [r for r in self._replays if not r.stale]
         # the recorder this call ran: the one whose count moved; it must have captured, and have no Replay yet
         ran = [(r, p) for r, p in self._recorders if r.calls == r.last_seen + 1]
@@ -216,7 +223,6 @@ class DraftLoop:
             replay = Replay.build(entry, recorder, placeholders, f_locals, out)
             if replay is not None:
                 self._replays.insert(0, replay)
-        recorder.last_call_inputs = ()
 
     def _first_data_dependent(self, args: tuple, kwargs: dict) -> str:
         """file:line of the draft's first op whose size or value depends on the data: traced again

@@ -44,6 +44,7 @@ import dis
 import logging
 import operator
 import re
+import sys
 import warnings
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -210,10 +211,15 @@ class GraphRecorder:
         if cuda:
             self.graph, self.outputs = self._record()
             spares = []
-            if not _shares_storage(tree_flatten(self.outputs)[0], self.inputs):  # outputs in the graph's own memory
-                for _ in range(self.spare_count):
-                    graph, outputs = self._record()  # its own memory pool: no other recording writes its outputs
-                    spares.append(_Spare(graph, tree_flatten(outputs)[0]))
+            try:
+                if not _shares_storage(tree_flatten(self.outputs)[0], self.inputs):  # outputs in the graph's own memory
+                    for _ in range(self.spare_count):
+                        graph, outputs = self._record()  # its own memory pool: no other recording writes its outputs
+                        spares.append(_Spare(graph, tree_flatten(outputs)[0]))
+            except RuntimeError as error:  # out of memory, say: the main recording serves, its outputs copied
+                spares = []
+                _, level = user_frame()
+                warnings.warn(f"draftfuse: no spare recordings for this draft ({error}): its outputs are copied on every call", stacklevel=level)
             self.spares = spares
         self.captured = True  # off CUDA: the static inputs are recorded, the region is called on each call's
 
@@ -231,27 +237,35 @@ class GraphRecorder:
 class _Spare:
     """A recording of the region (a CUDA graph of its own, over the same inputs) whose output tensors are
     handed to the caller instead of copied. It may replay only while no tensor outside it shares its
-    outputs' memory: each output storage's use count (the tensors, views included, and storage objects
-    that refer to it) is the count it had when recorded, and its data pointer is the recorded one (a
-    caller's resize_ of a handed-out tensor moves it: the spare is then never free again). The count
-    is what torch's CUDA graph trees read to tell whether an output is alive."""
+    outputs' memory: each output storage's use count (the tensors, views included, that refer to it) and
+    its storage object's reference count are the counts it had when recorded, and its data pointer is
+    the recorded one (a caller's resize_ of a handed-out tensor moves it: the spare is then never free
+    again). The use count is what torch's CUDA graph trees read to tell whether an output is alive.
+    Memory in use that no reference shows (a tensor dropped after record_stream on another stream, or
+    sent to another process) is the caller's to keep alive until that use is done."""
 
     def __init__(self, graph: torch.cuda.CUDAGraph, outputs: list[Any]) -> None:
         self.graph = graph
         self.outputs = outputs
-        storages = {}
-        for t in outputs:
-            if isinstance(t, torch.Tensor):
-                storage = t.untyped_storage()
-                storages.setdefault(storage._cdata, storage)
-        self.storages = list(storages.values())  # held: part of the recorded counts
+        self.storages = _distinct_storages(outputs)  # held: part of the recorded counts
         self.recorded = self._state()
 
-    def _state(self) -> list[tuple[int, int]]:
-        return [(torch._C._storage_Use_Count(s._cdata), s.data_ptr()) for s in self.storages]
+    def _state(self) -> list[tuple[int, int, int]]:
+        # A caller's t.untyped_storage() is the storage object held here (torch keeps one per storage): a
+        # caller holding it shows in the object's reference count, not in the storage's use count.
+        return [(torch._C._storage_Use_Count(s._cdata), sys.getrefcount(s), s.data_ptr()) for s in self.storages]
 
     def free(self) -> bool:
         return self._state() == self.recorded
+
+
+def _distinct_storages(tensors: Sequence[Any]) -> list[Any]:
+    storages = {}
+    for t in tensors:
+        if isinstance(t, torch.Tensor):
+            storage = t.untyped_storage()
+            storages.setdefault(storage._cdata, storage)
+    return list(storages.values())
 
 
 def _shares_storage(outputs: Sequence[Any], inputs: Sequence[Any]) -> bool:
