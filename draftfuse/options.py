@@ -14,6 +14,9 @@ take one `options` dict that mixes draftfuse's keys with Inductor config names:
     "softmax_topk":  True (default): the softmax -> topk rewrite, on Dynamo and post-grad graphs.
     "seed_fold":     True (default): the seed fold (Dynamo graph) and setup merging (post-grad graph).
     "vocab_parallel": True (default): all_gather -> softmax -> topk becomes a local selection.
+    "spare_recordings": 2 (default) | 1 | 0: draft_loop's recordings of a draft beside the main one,
+                     whose outputs it hands out without a copy while nothing else holds them; each
+                     costs one more CUDA graph capture and memory pool. 0: outputs copied every call.
 
 Every other key must name an Inductor config entry (`torch._inductor.list_options()`, dashes or
 underscores): anything else raises ValueError, since a misspelt option silently ignored would make a
@@ -38,6 +41,7 @@ _CHOICES: dict[str, tuple[Any, ...]] = {
     "softmax_topk": (True, False),
     "seed_fold": (True, False),
     "vocab_parallel": (True, False),
+    "spare_recordings": (2, 1, 0),
 }
 
 
@@ -56,6 +60,7 @@ class Options:
     softmax_topk: bool = True
     seed_fold: bool = True
     vocab_parallel: bool = True
+    spare_recordings: int = 2
     mode: str | None = None
     inductor: Mapping[str, Any] = dataclasses.field(default_factory=dict)  # config patches, the mode's included
 
@@ -75,8 +80,8 @@ class Options:
                     "any other key must be an Inductor config name (see torch._inductor.list_options())"
                 )
         for key, value in own.items():
-            # `is` for the booleans: 1 == True, yet an int is not what the option takes
-            if not any(value is c or (not isinstance(c, bool) and value == c) for c in _CHOICES[key]):
+            # `is` for the booleans: 1 == True, yet an int is not what the option takes (nor a bool an int)
+            if not any(value is c or (not isinstance(c, bool) and not isinstance(value, bool) and value == c) for c in _CHOICES[key]):
                 raise ValueError(f"draftfuse: option {key!r} must be one of {_CHOICES[key]}, not {value!r}")
         return cls(**own, mode=mode, inductor=inductor)
 

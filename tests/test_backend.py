@@ -99,6 +99,13 @@ def test_bad_options_raise():
         Options.parse(options={"seed_fold": "no"})
     with pytest.raises(ValueError, match="'half_probs' must be one of"):
         Options.parse(options={"half_probs": "drop"})
+    with pytest.raises(ValueError, match="'spare_recordings' must be one of"):
+        Options.parse(options={"spare_recordings": 3})
+    with pytest.raises(ValueError, match="'spare_recordings' must be one of"):
+        Options.parse(options={"spare_recordings": False})
+    assert Options.parse(options={"spare_recordings": 0}).spare_recordings == 0
+    with pytest.raises(Exception, match="'spare_recordings' is draft_loop's"):
+        torch.compile(_pick, backend="draftfuse", options={"spare_recordings": 0}, fullgraph=True)(torch.randn(4, 16))
     parsed = Options.parse("reduce-overhead", {"lowering": "kernels", "max-autotune": True})
     assert parsed.lowering == "kernels" and parsed.inductor == {"triton.cudagraphs": True, "max_autotune": True}
 

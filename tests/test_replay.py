@@ -505,3 +505,12 @@ def test_a_failed_spare_capture_keeps_the_main_recording(monkeypatch):
     assert recorder.captured and recorder.graph is captures[0] and recorder.spares == []
     x.fill_(3.0)
     assert torch.equal(recorder.replay_for_caller([x], [0])[0], torch.full((4,), 6.0))
+
+
+def test_the_spare_recordings_option_reaches_the_recorder():
+    head, hidden, cache, position = make()
+    for count in (0, 1, 2):
+        compiled = warmed(draftfuse.draft_loop(draft, options={"spare_recordings": count}), head, hidden, cache, position)
+        assert compiled._recorders[0][0].spare_count == count
+    compiled = warmed(draftfuse.draft_loop(draft, zero_copy_outputs=True), head, hidden, cache, position)
+    assert compiled._recorders[0][0].spare_count == 0  # the main recording's outputs are returned: no spares

@@ -39,9 +39,16 @@ def draftfuse_backend(
     gm: torch.fx.GraphModule, example_inputs: Sequence[Any], mode: str | None = None, options: dict[str, Any] | None = None
 ) -> Callable[..., Any]:
     """torch.compile backend: draftfuse's passes, then Inductor with `mode` and `options` applied."""
-    parsed = Options.parse(mode, options)
+    parsed = _parse(mode, options)
     compiled, _ = lower(prepare(gm, parsed), example_inputs, parsed)
     return compiled
+
+
+def _parse(mode: str | None, options: dict[str, Any] | None) -> Options:
+    """Options.parse, refusing draft_loop's own: the backend's CUDA graphs are torch's graph trees."""
+    if options and "spare_recordings" in options:
+        raise ValueError("draftfuse: option 'spare_recordings' is draft_loop's (it records its CUDA graphs itself); the backend has none")
+    return Options.parse(mode, options)
 
 
 class Backend:
@@ -60,7 +67,7 @@ class Backend:
                 "draftfuse: this Backend was built with its options (Backend(options)): torch.compile's "
                 f"mode={mode!r}/options={options!r} would be ignored; give them to Backend, or build it without options"
             )
-        parsed = self.options or Options.parse(mode, options)
+        parsed = self.options or _parse(mode, options)
         compiled, record = lower(prepare(gm, parsed), example_inputs, parsed)
         self.compiles.append(record)
         return compiled

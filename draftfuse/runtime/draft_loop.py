@@ -13,9 +13,9 @@ options (parsed once, at decoration) -> prepare (draftfuse's passes on the Dynam
 checks (checks.py) -> lower (Inductor, draftfuse's post-grad pass) -> replay. On every call:
 
   * Outputs are the caller's: no later call writes them, although a CUDA graph replay writes the same
-    output tensors every time. Two spare recordings hand out their outputs while nothing else holds
-    them (replay.py), so a caller that drops or keeps only the last draft's outputs pays no copy; one
-    that keeps more gets copies. (Outputs that are input tensors themselves, an argument or a tensor in
+    output tensors every time. Two spare recordings (option "spare_recordings") hand out their outputs
+    while nothing else holds them (replay.py), so a caller that drops or keeps only the last draft's
+    outputs pays no copy; one that keeps more gets copies. (Outputs that are input tensors themselves, an argument or a tensor in
     a list, tuple or dict argument, e.g. a returned KV cache, are returned as they are.)
     `zero_copy_outputs=True` returns the main recording's own outputs: no spare recordings, valid only
     until the next call of this draft.
@@ -62,7 +62,6 @@ from draftfuse.runtime.errors import DraftCaptureError, RecompileError
 from draftfuse.runtime.pipeline import CompileRecord, lower, prepare
 from draftfuse.runtime.replay import GraphRecorder, Replay, log, tensor_leaves
 
-_SPARES = 2  # recordings whose outputs are handed out uncopied (replay.py's _Spare): a caller holding the last call's outputs still copies nothing
 _CPU_WARNING = (
     "draftfuse: draft {name!r} runs on the CPU: it is compiled, but CUDA graphs need a CUDA device, "
     "so mode={mode!r} replays nothing here"
@@ -275,7 +274,7 @@ class DraftLoop:
             return compiled
         placeholders = prepared.graph_module.graph.find_nodes(op="placeholder")
         static = [checks.is_static(p) for p in placeholders]
-        recorder = GraphRecorder(compiled, static, {item.index for item in written}, device, spares=0 if self._zero_copy else _SPARES)
+        recorder = GraphRecorder(compiled, static, {item.index for item in written}, device, spares=0 if self._zero_copy else options.spare_recordings)
         self._recorders.append((recorder, placeholders))
         return _translating_capture_errors(recorder)
 
