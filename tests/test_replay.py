@@ -456,12 +456,15 @@ def test_a_resized_output_retires_its_spare(monkeypatch, copy_launches):
     outputs = recorder.replay_for_caller([x], [0, 1])
     outputs[0].resize_(1000)  # grows the storage the spare's output tensor shares: its memory moves
     del outputs
-    assert sum(spare.free() for spare in recorder.spares) == 1
+    assert sum(spare.free() for spare in recorder.spares) == 1 and sum(spare.retired() for spare in recorder.spares) == 1
     copies = copy_launches()
     for step in range(3):
         x.fill_(float(step))
         assert torch.equal(recorder.replay_for_caller([x], [0, 1])[0], torch.full((4,), 2.0 * step))
     assert not copies
+    held = [recorder.replay_for_caller([x], [0, 1])]  # the free spare held: the copy path drops the retired one
+    held.append(recorder.replay_for_caller([x], [0, 1]))
+    assert len(recorder.spares) == 1 and len(copies) == 1
 
 
 def test_no_spares_when_an_output_is_in_an_input_s_memory(monkeypatch):

@@ -147,6 +147,7 @@ class GraphRecorder:
                     for i in kept:
                         outputs[i] = outputs[i].detach()  # a new tensor over the spare's memory: held, it keeps the spare busy
                     return outputs
+            self.spares = [spare for spare in self.spares if not spare.retired()]  # the copy path: tidy up here
             self.graph.replay()
         else:
             self.outputs = self.compiled(*self._inputs_with(sources))
@@ -257,6 +258,10 @@ class _Spare:
 
     def free(self) -> bool:
         return self._state() == self.recorded
+
+    def retired(self) -> bool:
+        """Whether an output storage moved (a caller's resize_): the spare never replays again."""
+        return [s.data_ptr() for s in self.storages] != [pointer for _, _, pointer in self.recorded]
 
 
 def _distinct_storages(tensors: Sequence[Any]) -> list[Any]:
