@@ -37,14 +37,11 @@ import torch.nn.functional as F
 from draftfuse.graph.effects import Effects
 from draftfuse.graph.selection import Selection, bind
 from draftfuse.graph.values import Node, fake_tensor, is_call, normalise_dim, rank, target_key, user_location
+from draftfuse.passes.driver import Refuse
 
 aten = torch.ops.aten
 prims = torch.ops.prims
 HALF = (torch.float16, torch.bfloat16)
-
-
-class Refuse(Exception):
-    """A near-match that must not be rewritten; the message is the reason."""
 
 
 # Rules as data: how each spelling names its arguments. target: (parameter names, is log_softmax).

@@ -16,12 +16,13 @@ import torch
 from torch._dynamo.utils import counters
 
 from draftfuse.graph.effects import Effects
-from draftfuse.graph.selection import as_selection, readers, rewire_readers
+from draftfuse.graph.selection import Selection, readers, rewire_readers
 from draftfuse.graph.values import Node, erase_emitted, erase_unused, fake_tensor, level as graph_level, user_location
 from draftfuse.kernels import selection_kernels_available  # registers torch.ops.draftfuse.*
+from draftfuse.passes.driver import Refuse, rewrite_selections
 from draftfuse.passes.report import PassReport, Rewrite
 from draftfuse.passes.softmax_topk.emit import PASS_NAME, AtenEmitter, Emitter, SoftmaxParts, TorchEmitter
-from draftfuse.passes.softmax_topk.match import HALF, Match, Refuse, match
+from draftfuse.passes.softmax_topk.match import HALF, Match, match
 
 log = logging.getLogger("draftfuse.passes.softmax_topk")
 
@@ -177,41 +178,28 @@ def rewrite_graph(graph: torch.fx.Graph, *, probs: str = "exact", lowering: str 
     level = graph_level(graph)
     report = PassReport(PASS_NAME)
     emitter_cls = AtenEmitter if level == "aten" else TorchEmitter
-    parts_by_softmax: dict[Node, SoftmaxParts] = {}
-    erased: set[Node] = set()
-    effects = Effects(graph)
-    for node in list(graph.nodes):
-        sel = as_selection(node) if node not in erased else None
-        if sel is None or sel.kind in ("argmax_prob", "topk_prob"):
-            continue
-        try:
-            m = match(sel, level, effects)
-            if m is not None and m.half and half_probs == "keep":
-                raise Refuse(f'reads {str(m.read_dtype).removeprefix("torch.")} probabilities and half_probs="keep"')
-        except Refuse as refusal:
-            report.refuse(node, str(refusal))
-            continue
-        except Exception as error:  # a bug of ours: refuse, never break the compile
-            log.warning("%s: internal error on %s", PASS_NAME, node.name, exc_info=True)
-            report.refuse(node, f"internal error: {error!r}")
-            continue
-        if m is None:
-            continue
-        parts = parts_by_softmax.get(m.softmax.node)
-        if parts is None:
-            parts = SoftmaxParts(emitter_cls(origin=node, cursor=m.softmax.node), m.softmax)
-        parts.emit.origin = node
+    parts_by_softmax: dict[Node, SoftmaxParts] = {}  # selections of one softmax share its emitted parts
+
+    def match_one(sel: Selection, effects: Effects) -> Match | None:
+        m = match(sel, level, effects)
+        if m is not None and m.half and half_probs == "keep":
+            raise Refuse(f'reads {str(m.read_dtype).removeprefix("torch.")} probabilities and half_probs="keep"')
+        return m
+
+    def apply(sel: Selection, m: Match, erased: set[Node]) -> Rewrite:
+        parts = parts_by_softmax.get(m.softmax.node) or SoftmaxParts(emitter_cls(origin=sel.node, cursor=m.softmax.node), m.softmax)
+        parts.emit.origin = sel.node
         start = parts.emit.cursor
         try:
-            report.rewrites.append(_apply(m, parts, probs, lowering, erased))
-        except Exception as error:
-            log.warning("%s: internal error rewriting %s", PASS_NAME, node.name, exc_info=True)
+            rewrite = _apply(m, parts, probs, lowering, erased)
+        except Exception:
             erase_emitted(start, parts.emit.cursor)
             parts_by_softmax.pop(m.softmax.node, None)
-            report.refuse(node, f"internal error: {error!r}")
-            continue
+            raise
         parts_by_softmax[m.softmax.node] = parts
-        effects = Effects(graph)
+        return rewrite
+
+    rewrite_selections(graph, report, log, match_one, apply)
     if level == "aten":
         graph.eliminate_dead_code()  # post-grad graphs are functional: safe here, and only here
     if probs == "ones":

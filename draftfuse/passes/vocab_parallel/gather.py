@@ -29,7 +29,7 @@ import torch.distributed as dist
 
 from draftfuse.graph.selection import bind
 from draftfuse.graph.values import Node, fake, fake_tensor, normalise_dim, target_key
-from draftfuse.passes.softmax_topk.match import Refuse
+from draftfuse.passes.driver import Refuse
 
 _GATHERS: set[Any] = set()
 _WAITS: set[Any] = set()

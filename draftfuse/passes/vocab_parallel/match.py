@@ -24,7 +24,8 @@ import torch
 from draftfuse.graph.effects import Effects
 from draftfuse.graph.selection import Selection
 from draftfuse.graph.values import Node, fake_tensor, target_key
-from draftfuse.passes.softmax_topk.match import SOFTMAX_SPELLINGS, Match, Refuse, as_cast, as_scale
+from draftfuse.passes.driver import Refuse
+from draftfuse.passes.softmax_topk.match import SOFTMAX_SPELLINGS, Match, as_cast, as_scale
 from draftfuse.passes.softmax_topk.match import match as match_softmax
 from draftfuse.passes.vocab_parallel import layout
 from draftfuse.passes.vocab_parallel.gather import Gather, as_gather, is_gather_node

@@ -1,6 +1,6 @@
-"""The pass driver: for each selection, in graph order, match (match.py), emit (emit.py) right after
-the collective (where the original read the shards), point the selection's readers at the new
-nodes, erase the pattern one node at a time (Dynamo graphs are not functional), report.
+"""The pass: for each selection, in graph order (passes/driver.py), match (match.py), emit (emit.py)
+right after the collective (where the original read the shards), point the selection's readers at
+the new nodes, erase the pattern one node at a time (Dynamo graphs are not functional), report.
 
 Every rank must make the same decision, or the ranks would run different collectives: each decision
 depends on the graph and the group's size only, which SPMD code shares; this rank's number enters
@@ -14,11 +14,10 @@ import logging
 import torch
 from torch._dynamo.utils import counters
 
-from draftfuse.graph.effects import Effects
-from draftfuse.graph.selection import as_selection, readers, rewire_readers
+from draftfuse.graph.selection import Selection, readers, rewire_readers
 from draftfuse.graph.values import Node, erase_emitted, erase_unused, level as graph_level, user_location
-from draftfuse.passes.report import PassReport, Refusal, Rewrite
-from draftfuse.passes.softmax_topk.match import Refuse
+from draftfuse.passes.driver import rewrite_selections
+from draftfuse.passes.report import PassReport, Rewrite
 from draftfuse.passes.vocab_parallel.emit import PASS_NAME, AtenVocabEmitter, TorchVocabEmitter, emit_selection
 from draftfuse.passes.vocab_parallel.match import VocabMatch, is_gather_node, match
 
@@ -41,15 +40,6 @@ def _apply(vm: VocabMatch, emit, probs: str, lowering: str, erased: set[Node]) -
     return Rewrite(rule, names, detail, user_location(sel.node))
 
 
-def _refusal(node: Node, error: Exception) -> Refusal:
-    """A refusal for `error`: a Refuse gives its reason; anything else is a bug of ours, logged and
-    reported, never raised (the compile goes on with the graph as it was)."""
-    if isinstance(error, Refuse):
-        return Refusal(node.name, str(error), user_location(node))
-    log.warning("%s: internal error on %s", PASS_NAME, node.name, exc_info=error)
-    return Refusal(node.name, f"internal error: {error!r}", user_location(node))
-
-
 def _apply_or_undo(vm: VocabMatch, emit, probs: str, lowering: str, erased: set[Node]) -> Rewrite:
     """_apply; on failure the new nodes (all after the anchor, in order) are erased and it raises."""
     anchor = emit.cursor
@@ -68,20 +58,11 @@ def rewrite_graph(graph: torch.fx.Graph, *, probs: str = "exact", lowering: str 
         return report
     level = graph_level(graph)
     emitter_cls = AtenVocabEmitter if level == "aten" else TorchVocabEmitter
-    erased: set[Node] = set()
-    effects = Effects(graph)
-    selections = (as_selection(node) for node in list(graph.nodes) if node not in erased)
-    for sel in selections:
-        if sel is None or sel.kind in ("argmax_prob", "topk_prob"):  # draftfuse's own: selected already
-            continue
-        try:
-            vm = match(sel, level, effects, half_probs)
-            if vm is not None:
-                emit = emitter_cls(origin=sel.node, cursor=vm.gather.anchor)
-                report.rewrites.append(_apply_or_undo(vm, emit, probs, lowering, erased))
-                effects = Effects(graph)
-        except Exception as error:
-            report.refusals.append(_refusal(sel.node, error))
+
+    def apply(sel: Selection, vm: VocabMatch, erased: set[Node]) -> Rewrite:
+        return _apply_or_undo(vm, emitter_cls(origin=sel.node, cursor=vm.gather.anchor), probs, lowering, erased)
+
+    rewrite_selections(graph, report, log, lambda sel, effects: match(sel, level, effects, half_probs), apply)
     if level == "aten" and report.rewrites:
         graph.eliminate_dead_code()
     if report.rewrites:
