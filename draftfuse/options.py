@@ -80,8 +80,8 @@ class Options:
                     "any other key must be an Inductor config name (see torch._inductor.list_options())"
                 )
         for key, value in own.items():
-            # `is` for the booleans: 1 == True, yet an int is not what the option takes (nor a bool an int)
-            if not any(value is c or (not isinstance(c, bool) and not isinstance(value, bool) and value == c) for c in _CHOICES[key]):
+            # of the choice's own type: 1 == True == 1.0, yet neither is what a bool or an int option takes
+            if not any(type(value) is type(c) and value == c for c in _CHOICES[key]):
                 raise ValueError(f"draftfuse: option {key!r} must be one of {_CHOICES[key]}, not {value!r}")
         return cls(**own, mode=mode, inductor=inductor)
 

@@ -103,7 +103,11 @@ def test_bad_options_raise():
         Options.parse(options={"spare_recordings": 3})
     with pytest.raises(ValueError, match="'spare_recordings' must be one of"):
         Options.parse(options={"spare_recordings": False})
+    with pytest.raises(ValueError, match="'spare_recordings' must be one of"):
+        Options.parse(options={"spare_recordings": 2.0})  # range(2.0) would fail at the capture
     assert Options.parse(options={"spare_recordings": 0}).spare_recordings == 0
+    with pytest.raises(ValueError, match="'spare_recordings' is draft_loop's"):
+        backend.Backend(Options.parse(options={"spare_recordings": 0}))
     with pytest.raises(Exception, match="'spare_recordings' is draft_loop's"):
         torch.compile(_pick, backend="draftfuse", options={"spare_recordings": 0}, fullgraph=True)(torch.randn(4, 16))
     parsed = Options.parse("reduce-overhead", {"lowering": "kernels", "max-autotune": True})

@@ -56,6 +56,8 @@ class Backend:
     options when none are given), recording every compile in `compiles`."""
 
     def __init__(self, options: Options | None = None) -> None:
+        if options is not None and options.spare_recordings != Options().spare_recordings:
+            raise ValueError("draftfuse: option 'spare_recordings' is draft_loop's (it records its CUDA graphs itself); the backend has none")
         self.options = options
         self.compiles: list[CompileRecord] = []
 

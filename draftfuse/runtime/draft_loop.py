@@ -173,6 +173,7 @@ class DraftLoop:
             with span, raised, torch.no_grad():
                 out = self._compiled(*args, **kwargs)
         except Exception as exc:
+            self._forget_call()
             first = self._first_data_dependent(args, kwargs) if translate.is_data_dependent(exc) else ""
             error = translate.from_exception(exc, first)
             if error is None:
@@ -198,8 +199,14 @@ class DraftLoop:
         try:
             self._build_replay(args, kwargs, out)
         finally:
-            for recorder, _ in self._recorders:
-                recorder.last_call_inputs = ()  # the call's tensors are not held past it
+            self._forget_call()
+
+    def _forget_call(self) -> None:
+        """The recorders hold no tensor of the call just made, and count it as seen (a call that raised
+        builds no Replay, and the next call's recorder is still told apart by its count)."""
+        for recorder, _ in self._recorders:
+            recorder.last_call_inputs = ()
+            recorder.last_seen = recorder.calls
 
     def _build_replay(self, args: tuple, kwargs: dict, out: Any) -> None:
         self._replays = [r for r in self._replays if not r.stale]

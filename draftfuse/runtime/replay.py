@@ -217,10 +217,14 @@ class GraphRecorder:
                     for _ in range(self.spare_count):
                         graph, outputs = self._record()  # its own memory pool: no other recording writes its outputs
                         spares.append(_Spare(graph, tree_flatten(outputs)[0]))
-            except RuntimeError as error:  # out of memory, say: the main recording serves, its outputs copied
-                spares = []
+            except RuntimeError as error:  # out of memory: the main recording (and any spare made) serves
+                if "out of memory" not in str(error):
+                    self._forget()  # unrecorded, as after a failed main capture
+                    raise
                 _, level = user_frame()
-                warnings.warn(f"draftfuse: no spare recordings for this draft ({error}): its outputs are copied on every call", stacklevel=level)
+                reason = str(error).splitlines()[0]
+                warnings.warn(f"draftfuse: {len(spares)} of {self.spare_count} spare recordings for this draft ({reason}): "
+                              "its outputs are copied when those are held", stacklevel=level)  # fmt: skip
             self.spares = spares
         self.captured = True  # off CUDA: the static inputs are recorded, the region is called on each call's
 
