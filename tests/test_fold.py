@@ -141,9 +141,26 @@ def test_one_graph_replay_per_folded_draft_and_no_cudagraph_skips():
     assert len(draft.draft.compiles) == 1
 
 
+def test_a_fold_of_a_worker_replays_without_dynamo(recwarn):
+    # The composition takes the seed's own parameters, and reads the worker's weights through its
+    # closure: Dynamo's code for it only calls the graph, so the fast replay path takes it.
+    worker = Worker(torch.device("cpu"))
+    args = worker_args(torch.device("cpu"))
+    draft = fold(worker.seed_step, worker.draft_steps, value_ranges={"seq_lens": (1, None)})
+    for _ in range(3):
+        draft(*args)
+    assert draft.draft._replays and not [w for w in recwarn if "no fast replay" in str(w.message)]
+    calls = sum(recorder.calls for recorder, _ in draft.draft._recorders)
+    for got in (draft(*args), draft(args[0], hidden=args[1], seq_lens=args[2])):
+        torch.testing.assert_close(got, worker.draft_steps(*worker.seed_step(*args)), rtol=0, atol=0)
+    assert sum(recorder.calls for recorder, _ in draft.draft._recorders) == calls, "replayed without Dynamo"
+    placeholders = [p.target for p in draft.draft._recorders[0][1]]
+    assert "L_seq_lens_" in placeholders, placeholders  # graph inputs named after the seed's parameters
+
+
 def test_a_folded_call_binds_no_signature(monkeypatch):
-    """The composition takes (*args, **kwargs): its frame's locals are built without inspect's binding
-    (which would cost more than the rest of a replayed call)."""
+    """The composition takes the seed's parameters: a call passes through, and its frame's locals are
+    built without inspect's binding (which would cost more than the rest of a replayed call)."""
     draft = fold(lambda x: (x + 1,), lambda y: y * 2)
     x = torch.arange(4.0)
     for _ in range(3):

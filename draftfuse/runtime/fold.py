@@ -21,16 +21,17 @@ marker too:
 
 Every other keyword goes to `draft_loop` (mode, options, zero_copy_outputs, dynamic, max_compiles).
 
-The seed's arguments are passed to the compiled region by keyword where its signature allows, so the
-graph inputs carry the seed's parameter names (Dynamo names them after the source) and `value_ranges`
-can name them. Limits: as for draft_loop; in addition, every fold shares the code object of one
-composition function, so torch's recompile_limit (8 by default) bounds the number of live folds that
-are called with the same kinds of arguments.
+The compiled function is generated for each fold with the seed's own parameters (a seed of plain
+positional-or-keyword parameters, the usual one): a call passes through to draft_loop, which binds it
+once, and the graph inputs carry the seed's parameter names (Dynamo names them after the source), so
+`value_ranges` can name them. A seed with other kinds of parameters gets `(*args, **kwargs)`, its
+arguments passed by keyword where its signature allows. Limits: as for draft_loop.
 """
 
 from __future__ import annotations
 
 import inspect
+import os
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -42,28 +43,47 @@ class FoldedDraft:
     """`loop(*seed(...))` compiled as one region; see the module docstring. `.draft` is the DraftLoop
     that runs it (its `.compiles` hold the compile records and pass reports)."""
 
-    def __init__(self, seed: Callable[..., Any], loop: Callable[..., Any], draft: DraftLoop) -> None:
+    def __init__(self, seed: Callable[..., Any], loop: Callable[..., Any], draft: DraftLoop, signature: inspect.Signature | None, own_parameters: bool) -> None:
         self.seed, self.loop, self.draft = seed, loop, draft
-        try:
-            self._signature: inspect.Signature | None = inspect.signature(seed)
-        except (TypeError, ValueError):  # a builtin or C function: pass the arguments as they come
-            self._signature = None
-        # The usual seed takes plain parameters: then positional arguments map to names by position,
-        # with no binding per call (that would cost more than the rest of a replayed call).
-        parameters = self._signature.parameters.values() if self._signature is not None else ()
-        plain = self._signature is not None and all(p.kind is inspect.Parameter.POSITIONAL_OR_KEYWORD for p in parameters)
-        self._names = [p.name for p in parameters] if plain else None
+        self._signature = signature
+        self._own_parameters = own_parameters  # the compiled function takes the seed's parameters: nothing to bind here
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
-        if self._names is not None and len(args) <= len(self._names) and (not kwargs or kwargs.keys().isdisjoint(self._names[: len(args)])):
-            return self.draft(**dict(zip(self._names, args)), **kwargs)
-        if self._signature is None:
+        if self._own_parameters or self._signature is None:
             return self.draft(*args, **kwargs)
         positional, keywords = _by_keyword(self._signature, args, kwargs)
         return self.draft(*positional, **keywords)
 
     def __repr__(self) -> str:
         return f"fold({_name(self.seed)}, {_name(self.loop)})"
+
+
+def _composition(seed: Callable[..., Any], loop: Callable[..., Any], facts: Any, signature: inspect.Signature | None) -> tuple[Callable[..., Any], bool]:
+    """The function draft_loop compiles, and whether it takes the seed's own parameters. The usual seed
+    takes plain parameters (positional or keyword): the composition is then generated with the same
+    parameters and defaults, so a call passes straight through and is bound once, by draft_loop's
+    replay path, and the graph inputs carry the seed's parameter names. Any other signature gets
+    `(*args, **kwargs)`, the arguments passed by keyword where the seed allows (see _by_keyword)."""
+    parameters = list(signature.parameters.values()) if signature is not None else []
+    plain = signature is not None and all(p.kind is inspect.Parameter.POSITIONAL_OR_KEYWORD for p in parameters)
+    names = ", ".join(p.name for p in parameters) if plain else "*args, **kwargs"
+    # seed, loop and the rest are the closure's (as in a function written by hand, so Dynamo reads them as
+    # the frame's own values), with names no parameter of the seed takes
+    source = (
+        "def make(_df_seed_, _df_loop_, _df_mark_, _df_facts_, _df_tuple_, _df_isinstance_):\n"
+        f"    def folded({names}):\n"
+        f"        _df_carried_ = _df_mark_(_df_seed_({names}), _df_facts_)\n"
+        "        return _df_loop_(*_df_carried_) if _df_isinstance_(_df_carried_, _df_tuple_) else _df_loop_(_df_carried_)\n"
+        "    return folded\n"
+    )
+    scope: dict[str, Any] = {}
+    # named inside the package, so that errors and reports point past it at the user's code
+    exec(compile(source, os.path.join(os.path.dirname(__file__), f"<fold of {_name(seed)}>"), "exec"), scope)
+    folded = scope["make"](seed, loop, mark_seam, facts, tuple, isinstance)
+    if plain:
+        folded.__defaults__ = tuple(p.default for p in parameters if p.default is not inspect.Parameter.empty) or None
+    folded.__qualname__ = f"fold({_name(seed)}, {_name(loop)})"
+    return folded, plain
 
 
 def _name(fn: Callable[..., Any]) -> str:
@@ -99,10 +119,9 @@ def fold(
 ) -> FoldedDraft:
     """Compose `seed` and `loop` into one draft compiled as one captured region (see the module docstring)."""
     facts = seam_facts(value_ranges=value_ranges, drop_buffer_writes=drop_buffer_writes)
-
-    def folded(*args: Any, **kwargs: Any) -> Any:
-        carried = mark_seam(seed(*args, **kwargs), facts)
-        return loop(*carried) if isinstance(carried, tuple) else loop(carried)
-
-    folded.__qualname__ = f"fold({_name(seed)}, {_name(loop)})"
-    return FoldedDraft(seed, loop, draft_loop(folded, **draft_loop_settings))
+    try:
+        signature: inspect.Signature | None = inspect.signature(seed)
+    except (TypeError, ValueError):  # a builtin or C function: pass the arguments as they come
+        signature = None
+    folded, own_parameters = _composition(seed, loop, facts, signature)
+    return FoldedDraft(seed, loop, draft_loop(folded, **draft_loop_settings), signature, own_parameters)
