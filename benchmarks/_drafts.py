@@ -23,8 +23,9 @@ Variants: the same draft on the same inputs, five ways.
                             over static input buffers (the first call does this). Per call: copy the
                             draft's inputs (tokens, hidden states, positions / sequence lengths; not the
                             weights or KV caches, which stay where they are) into the static buffers,
-                            graph.replay(), and clone the static output tensors, as draftfuse does by
-                            default (draft_loop's outputs are clones unless zero_copy_outputs=True).
+                            graph.replay(), and clone the static output tensors (draft_loop's outputs
+                            are the caller's too: handed out from a spare recording, or copied when
+                            the spares' outputs are all held; unless zero_copy_outputs=True).
                             On a CPU (no CUDA graphs) the same copies and clones around a plain call of
                             the compiled function.
   draftfuse                 the unedited softmax + topk draft through draftfuse (default options):
@@ -32,8 +33,8 @@ Variants: the same draft on the same inputs, five ways.
                             MTP worker, told that seq_lens >= 1 as the MTP example tells it.
 
 Each variant is a factory: calling it makes a fresh compile (nothing runs yet) and returns a call of no
-arguments that runs one draft and returns fresh output tensors (compiled variants clone the graph's
-outputs, which the next replay overwrites, as draft_loop does). Calling a factory again after
+arguments that runs one draft and returns output tensors no later call writes (compiled variants
+clone the graph's outputs, which the next replay overwrites; draft_loop sees to its own). Calling a factory again after
 torch._dynamo.reset() gives the warm compile. Compiles are static-shaped (dynamic=False, draft_loop's
 default): one graph per batch size, as CUDA graphs want.
 
@@ -104,7 +105,7 @@ def _compiled(fn: Callable, *args, **kwargs) -> Factory:
 
 def _draftfuse(fn: Callable, *args, **kwargs) -> Factory:
     def make() -> Callable[[], Outputs]:
-        compiled = draft_loop(fn)  # clones its outputs itself
+        compiled = draft_loop(fn)  # its outputs are the caller's already
         return lambda: _as_tuple(compiled(*args, **kwargs))
 
     return make
