@@ -189,6 +189,15 @@ def test_a_moved_kv_cache_raises():
     assert recorder_calls(compiled) == calls
 
 
+def test_weights_loaded_in_place_replay_without_dynamo():
+    head, hidden, cache, position = make()
+    compiled = warmed(draftfuse.draft_loop(draft), head, hidden, cache, position)
+    calls = recorder_calls(compiled)
+    head.proj.weight.copy_(torch.randn(8, 8))  # new weights, loaded into the same tensor
+    check_same(compiled, head, hidden, cache, position)
+    assert recorder_calls(compiled) == calls and len(compiled.compiles) == 1
+
+
 def test_after_a_weight_moved_the_draft_is_recorded_again_and_replays():
     head, hidden, cache, position = make()
     compiled = warmed(draftfuse.draft_loop(draft), head, hidden, cache, position)
