@@ -487,15 +487,24 @@ def test_a_resized_output_retires_its_spare(monkeypatch, copy_launches):
     assert len(recorder.spares) == 1 and len(copies) == 1
 
 
-def test_no_spares_when_an_output_is_in_an_input_s_memory(monkeypatch):
+def test_an_output_in_an_input_s_memory_is_copied_and_the_others_handed_out(monkeypatch, copy_launches):
     weight = torch.tensor([2.0, 2.0, 2.0, 2.0])
     recorder = _simulated_recorder(monkeypatch, lambda w, x: (x * w, w[1:]), [True, False], spares=2)
     x = torch.arange(4.0)
     recorder(weight, x)
     recorder(weight, x)
-    assert recorder.spares == []
-    outputs = recorder.replay_for_caller([x], [0])
-    assert torch.equal(outputs[0], x * 2)
+    assert len(recorder.spares) == 2 and all(spare.foreign == {1} for spare in recorder.spares)
+    copies = copy_launches()
+    outputs = recorder.replay_for_caller([x], [0, 1])
+    assert torch.equal(outputs[0], x * 2) and torch.equal(outputs[1], weight[1:]) and not copies
+    assert outputs[1].untyped_storage().data_ptr() != weight.untyped_storage().data_ptr(), "a copy, as on the main recording"
+    assert outputs[0].untyped_storage().data_ptr() == recorder.spares[0].outputs[0].untyped_storage().data_ptr()
+    weight.mul_(2)  # the caller changes the input whose view was returned: the copy it got does not change
+    assert torch.equal(outputs[1], torch.tensor([2.0, 2.0, 2.0]))
+    recorder_no_own = _simulated_recorder(monkeypatch, lambda w, x: (w[1:],), [True, False], spares=2)
+    recorder_no_own(weight, x)
+    recorder_no_own(weight, x)
+    assert recorder_no_own.spares == []  # no output of its own memory: nothing to hand out
 
 
 def test_a_held_storage_object_keeps_its_spare_busy(monkeypatch):

@@ -145,7 +145,9 @@ class GraphRecorder:
                     spare.graph.replay()
                     outputs = list(spare.outputs)
                     for i in kept:
-                        outputs[i] = outputs[i].detach()  # a new tensor over the spare's memory: held, it keeps the spare busy
+                        # a new tensor over the spare's memory (held, it keeps the spare busy); one in an input's
+                        # memory (a view of a KV cache, say) is copied, as on the main recording
+                        outputs[i] = outputs[i].clone() if i in spare.foreign else outputs[i].detach()
                     return outputs
             self.spares = [spare for spare in self.spares if not spare.retired()]  # the copy path: tidy up here
             self.graph.replay()
@@ -213,10 +215,11 @@ class GraphRecorder:
             self.graph, self.outputs = self._record()
             spares = []
             try:
-                if not _shares_storage(tree_flatten(self.outputs)[0], self.inputs):  # outputs in the graph's own memory
+                foreign = _in_input_memory(tree_flatten(self.outputs)[0], self.inputs)  # copied, never handed out
+                if len(foreign) < len(tree_flatten(self.outputs)[0]):  # some outputs are in the graph's own memory
                     for _ in range(self.spare_count):
                         graph, outputs = self._record()  # its own memory pool: no other recording writes its outputs
-                        spares.append(_Spare(graph, tree_flatten(outputs)[0]))
+                        spares.append(_Spare(graph, tree_flatten(outputs)[0], foreign))
             except RuntimeError as error:  # out of memory: the main recording (and any spare made) serves
                 if "out of memory" not in str(error):
                     self._forget()  # unrecorded, as after a failed main capture
@@ -249,10 +252,11 @@ class _Spare:
     Memory in use that no reference shows (a tensor dropped after record_stream on another stream, or
     sent to another process) is the caller's to keep alive until that use is done."""
 
-    def __init__(self, graph: torch.cuda.CUDAGraph, outputs: list[Any]) -> None:
+    def __init__(self, graph: torch.cuda.CUDAGraph, outputs: list[Any], foreign: set[int]) -> None:
         self.graph = graph
         self.outputs = outputs
-        self.storages = _distinct_storages(outputs)  # held: part of the recorded counts
+        self.foreign = foreign  # outputs in an input's memory: copied when kept, not part of the counts
+        self.storages = _distinct_storages([t for i, t in enumerate(outputs) if i not in foreign])  # held: part of the recorded counts
         self.recorded = self._state()
 
     def _state(self) -> list[tuple[int, int, int]]:
@@ -277,10 +281,11 @@ def _distinct_storages(tensors: Sequence[Any]) -> list[Any]:
     return list(storages.values())
 
 
-def _shares_storage(outputs: Sequence[Any], inputs: Sequence[Any]) -> bool:
-    """Whether an output tensor is in the memory of an input tensor (a view of a KV cache, say)."""
+def _in_input_memory(outputs: Sequence[Any], inputs: Sequence[Any]) -> set[int]:
+    """The outputs that are no tensor of the graph's own memory: in an input tensor's memory (a view of a
+    KV cache, say), or not tensors at all."""
     held = {v.untyped_storage().data_ptr() for v in inputs if isinstance(v, torch.Tensor)}
-    return any(isinstance(t, torch.Tensor) and t.untyped_storage().data_ptr() in held for t in outputs)
+    return {i for i, t in enumerate(outputs) if not isinstance(t, torch.Tensor) or t.untyped_storage().data_ptr() in held}
 
 
 def _sizes(inputs: Sequence[Any]) -> tuple:
