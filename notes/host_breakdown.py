@@ -23,7 +23,6 @@ Each figure is the median of 5 host_time batches; raw_cuda_graph and the three d
 import argparse
 import gc
 import json
-import statistics
 import sys
 import time
 from pathlib import Path
@@ -43,9 +42,7 @@ BUILDERS = {"mtp": _drafts.build_mtp, "eagle": _drafts.build_eagle, "draft_model
 def host_us(call, device, repeats: int = 5) -> float | None:
     if device.type != "cuda":  # a dry run of the script: plain perf_counter
         return python_us(call, 200)
-    times = [_measure.host_time(call, device).us_per_call for _ in range(repeats)]
-    times = [t for t in times if t is not None]
-    return statistics.median(times) if times else None
+    return _measure.host_times({"call": call}, device, batches=repeats)["call"].us_per_call
 
 
 def python_us(call, calls: int = 2000) -> float:

@@ -33,7 +33,6 @@ def fresh_dynamo():
     torch._dynamo.reset()
 
 
-
 @pytest.fixture
 def copy_launches(monkeypatch):
     """start() -> a list that gets an entry per torch._foreach_copy_ call from then on (the replay path's

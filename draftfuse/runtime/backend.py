@@ -45,10 +45,14 @@ def draftfuse_backend(
 
 
 def _parse(mode: str | None, options: dict[str, Any] | None) -> Options:
-    """Options.parse, refusing draft_loop's own: the backend's CUDA graphs are torch's graph trees."""
-    if options and "spare_recordings" in options:
+    return _for_backend(Options.parse(mode, options))
+
+
+def _for_backend(options: Options) -> Options:
+    """`options`, refusing draft_loop's own: the backend's CUDA graphs are torch's graph trees."""
+    if options.spare_recordings != Options.spare_recordings:
         raise ValueError("draftfuse: option 'spare_recordings' is draft_loop's (it records its CUDA graphs itself); the backend has none")
-    return Options.parse(mode, options)
+    return options
 
 
 class Backend:
@@ -56,9 +60,7 @@ class Backend:
     options when none are given), recording every compile in `compiles`."""
 
     def __init__(self, options: Options | None = None) -> None:
-        if options is not None and options.spare_recordings != Options().spare_recordings:
-            raise ValueError("draftfuse: option 'spare_recordings' is draft_loop's (it records its CUDA graphs itself); the backend has none")
-        self.options = options
+        self.options = _for_backend(options) if options is not None else None
         self.compiles: list[CompileRecord] = []
 
     def __call__(

@@ -15,8 +15,9 @@ checks (checks.py) -> lower (Inductor, draftfuse's post-grad pass) -> replay. On
   * Outputs are the caller's: no later call writes them, although a CUDA graph replay writes the same
     output tensors every time. Two spare recordings (option "spare_recordings") hand out their outputs
     while nothing else holds them (replay.py), so a caller that drops or keeps only the last draft's
-    outputs pays no copy; one that keeps more gets copies. (Outputs that are input tensors themselves, an argument or a tensor in
-    a list, tuple or dict argument, e.g. a returned KV cache, are returned as they are.)
+    outputs pays no copy; one that keeps more gets copies. (Outputs that are input tensors themselves,
+    an argument or a tensor in a list, tuple or dict argument, e.g. a returned KV cache, are returned
+    as they are.)
     `zero_copy_outputs=True` returns the main recording's own outputs: no spare recordings, valid only
     until the next call of this draft.
   * Tensor inputs the draft writes in place (KV caches) are found in the traced graph and marked
@@ -211,9 +212,7 @@ class DraftLoop:
     def _build_replay(self, args: tuple, kwargs: dict, out: Any) -> None:
         self._replays = [r for r in self._replays if not r.stale]
         # the recorder this call ran: the one whose count moved; it must have captured, and have no Replay yet
-        ran = [(r, p) for r, p in self._recorders if r.calls == r.last_seen + 1]
-        for recorder, _ in self._recorders:
-            recorder.last_seen = recorder.calls
+        ran = [(r, p) for r, p in self._recorders if r.calls == r.last_seen + 1]  # (last_seen: see _forget_call)
         if len(ran) != 1 or not ran[0][0].captured or any(x.recorder is ran[0][0] for x in self._replays):
             return
         recorder, placeholders = ran[0]

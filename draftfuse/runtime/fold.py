@@ -43,15 +43,14 @@ class FoldedDraft:
     """`loop(*seed(...))` compiled as one region; see the module docstring. `.draft` is the DraftLoop
     that runs it (its `.compiles` hold the compile records and pass reports)."""
 
-    def __init__(self, seed: Callable[..., Any], loop: Callable[..., Any], draft: DraftLoop, signature: inspect.Signature | None, own_parameters: bool) -> None:
+    def __init__(self, seed: Callable[..., Any], loop: Callable[..., Any], draft: DraftLoop, rebind: inspect.Signature | None) -> None:
         self.seed, self.loop, self.draft = seed, loop, draft
-        self._signature = signature
-        self._own_parameters = own_parameters  # the compiled function takes the seed's parameters: nothing to bind here
+        self._rebind = rebind  # the seed's signature, to pass arguments by keyword; None: a call passes through
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
-        if self._own_parameters or self._signature is None:
+        if self._rebind is None:
             return self.draft(*args, **kwargs)
-        positional, keywords = _by_keyword(self._signature, args, kwargs)
+        positional, keywords = _by_keyword(self._rebind, args, kwargs)
         return self.draft(*positional, **keywords)
 
     def __repr__(self) -> str:
@@ -124,4 +123,4 @@ def fold(
     except (TypeError, ValueError):  # a builtin or C function: pass the arguments as they come
         signature = None
     folded, own_parameters = _composition(seed, loop, facts, signature)
-    return FoldedDraft(seed, loop, draft_loop(folded, **draft_loop_settings), signature, own_parameters)
+    return FoldedDraft(seed, loop, draft_loop(folded, **draft_loop_settings), None if own_parameters else signature)

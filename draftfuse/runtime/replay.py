@@ -138,21 +138,15 @@ class GraphRecorder:
         outside the recorder shares replays, and its outputs are handed out as new tensors over that
         memory (nothing copied); when every spare's outputs are still held (or there are none) the main
         recording replays and the kept outputs are copied (one allocation and one copy launch each)."""
-        if self.device.type == "cuda":
-            self._bring(sources)
-            for spare in self.spares:
-                if spare.free():
-                    spare.graph.replay()
-                    outputs = list(spare.outputs)
-                    for i in kept:
-                        # a new tensor over the spare's memory (held, it keeps the spare busy); one in an input's
-                        # memory (a view of a KV cache, say) is copied, as on the main recording
-                        outputs[i] = outputs[i].clone() if i in spare.foreign else outputs[i].detach()
-                    return outputs
+        if self.spares:
+            self._bring(sources)  # first: recording again (another input tensor) makes new spares
+            spare = next((spare for spare in self.spares if spare.free()), None)
+            if spare is not None:
+                return spare.hand_out(kept)
             self.spares = [spare for spare in self.spares if not spare.retired()]  # the copy path: tidy up here
             self.graph.replay()
         else:
-            self.outputs = self.compiled(*self._inputs_with(sources))
+            self.replay(sources)
         outputs = list(self.flat_outputs())
         if kept:
             copies = [torch.empty_like(outputs[i]) for i in kept]
@@ -215,8 +209,9 @@ class GraphRecorder:
             self.graph, self.outputs = self._record()
             spares = []
             try:
-                foreign = _in_input_memory(tree_flatten(self.outputs)[0], self.inputs)  # copied, never handed out
-                if len(foreign) < len(tree_flatten(self.outputs)[0]):  # some outputs are in the graph's own memory
+                flat = self.flat_outputs()
+                foreign = _in_input_memory(flat, self.inputs)  # copied, never handed out
+                if len(foreign) < len(flat):  # some outputs are in the graph's own memory
                     for _ in range(self.spare_count):
                         graph, outputs = self._record()  # its own memory pool: no other recording writes its outputs
                         spares.append(_Spare(graph, tree_flatten(outputs)[0], foreign))
@@ -266,6 +261,16 @@ class _Spare:
 
     def free(self) -> bool:
         return self._state() == self.recorded
+
+    def hand_out(self, kept: Sequence[int]) -> list[Any]:
+        """Replay; the flat outputs, those at `kept` as new tensors over the spare's memory (held, they keep
+        it busy), except one in an input's memory (a view of a KV cache, say): copied, as on the main
+        recording."""
+        self.graph.replay()
+        outputs = list(self.outputs)
+        for i in kept:
+            outputs[i] = outputs[i].clone() if i in self.foreign else outputs[i].detach()
+        return outputs
 
     def retired(self) -> bool:
         """Whether an output storage moved (a caller's resize_): the spare never replays again."""
