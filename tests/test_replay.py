@@ -249,6 +249,39 @@ def test_an_argument_sharing_the_written_cache_raises():
         compiled(head, cache[:2], cache, position)
 
 
+def test_the_overlap_check_runs_for_inputs_not_read_in_place():
+    # On CUDA the recording reads the capture call's own input tensors; a call passing those same tensors
+    # skips the overlap check (checked when recorded), any other tensor is still checked before the replay.
+    head, hidden, cache, position = make()
+    compiled = warmed(draftfuse.draft_loop(draft), head, hidden, cache, position)
+    recorder, replay = compiled._recorders[0][0], compiled._replays[0]
+    f_locals = compiled._bind((head, hidden, cache, position), {})
+    recorder.in_place, recorder.in_place_pointers = True, [fetch(f_locals).data_ptr() for fetch in replay.fetchers]
+    calls = recorder_calls(compiled)
+    check_same(compiled, head, hidden, cache, position)
+    with pytest.raises(draftfuse.DraftCaptureError, match="shares memory with an input the draft writes"):
+        compiled(head, cache[:2], cache, position)
+    assert recorder_calls(compiled) == calls, "both calls took the fast path"
+
+
+def test_every_kind_of_parameter_binds_on_the_fast_path():
+    def kinds(head, hidden, /, cache, *extra, position, steps=3, **options):
+        out = draft(head, hidden, cache, position, steps=steps)[0]
+        return out * options.get("gain", 1.0) + sum(extra)
+
+    compiled = draftfuse.draft_loop(kinds)
+    head, hidden, cache, position = make()
+    for call in range(5):
+        got = compiled(head, hidden, cache, 1.0, position=position, gain=2.0) if call % 2 else compiled(head, hidden, cache, 1.0, position=position, steps=3, gain=2.0)
+        want = kinds(head, hidden, cache.clone(), 1.0, position=position, gain=2.0)
+        torch.testing.assert_close(got, want)
+    assert compiled._replays and len(compiled.compiles) == 1
+    calls = recorder_calls(compiled)
+    compiled(head, hidden, cache, 1.0, position=position, gain=2.0)
+    assert recorder_calls(compiled) == calls, "replayed without Dynamo"
+    assert compiled._bind((head,), {}) is None, "a call that does not bind goes through Dynamo (which raises for it)"
+
+
 def test_a_draft_with_a_side_effect_stays_on_the_dynamo_path():
     class Recorder(nn.Module):
         def forward(self, x):
@@ -355,7 +388,7 @@ class _SimulatedCudaGraph:
 def _simulated_recorder(monkeypatch, fn, static, spares=0):
     import contextlib
 
-    from draftfuse.runtime.replay import GraphRecorder
+    from draftfuse.runtime.recorder import GraphRecorder
 
     @contextlib.contextmanager
     def graph(g, stream=None):

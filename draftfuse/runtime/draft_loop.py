@@ -14,7 +14,7 @@ checks (checks.py) -> lower (Inductor, draftfuse's post-grad pass) -> replay. On
 
   * Outputs are the caller's: no later call writes them, although a CUDA graph replay writes the same
     output tensors every time. Two spare recordings (option "spare_recordings") hand out their outputs
-    while nothing else holds them (replay.py), so a caller that drops or keeps only the last draft's
+    while nothing else holds them (recorder.py), so a caller that drops or keeps only the last draft's
     outputs pays no copy; one that keeps more gets copies. (Outputs that are input tensors themselves,
     an argument or a tensor in a list, tuple or dict argument, e.g. a returned KV cache, are returned
     as they are.)
@@ -61,7 +61,8 @@ from draftfuse.options import Options
 from draftfuse.runtime import checks, translate
 from draftfuse.runtime.errors import DraftCaptureError, RecompileError
 from draftfuse.runtime.pipeline import CompileRecord, lower, prepare
-from draftfuse.runtime.replay import GraphRecorder, Replay, log, tensor_leaves
+from draftfuse.runtime.recorder import GraphRecorder, log
+from draftfuse.runtime.replay import Replay, tensor_leaves
 
 _CPU_WARNING = (
     "draftfuse: draft {name!r} runs on the CPU: it is compiled, but CUDA graphs need a CUDA device, "
@@ -155,8 +156,6 @@ class DraftLoop:
             try:
                 for replay in self._replays:
                     if replay.matches(f_locals, explain):
-                        if replay.check_arguments is not None:
-                            replay.check_arguments((*args, *kwargs.values()))
                         if torch.autograd._profiler_enabled():
                             with torch.profiler.record_function(self._span):
                                 return replay.run(f_locals, clone=not self._zero_copy)
@@ -258,7 +257,7 @@ class DraftLoop:
         device = checks.draft_device(gm)
         own_graph = options.uses_cudagraphs or device.type == "cpu"
         if options.uses_cudagraphs:
-            # draftfuse records the CUDA graph itself (replay.py): Inductor compiles the region without
+            # draftfuse records the CUDA graph itself (recorder.py): Inductor compiles the region without
             options = options.with_inductor(**{"triton.cudagraphs": False})
         if self._options.uses_cudagraphs and device.type == "cpu" and not self._warned_cpu:
             self._warned_cpu = True
@@ -325,7 +324,8 @@ def _guard_written_inputs(compiled: Callable[..., Any], written: list[checks.Wri
                 raise checks.moved_input_error(item)
 
     def check_arguments(arguments: tuple) -> None:
-        """The same promise for a call's own arguments (the fast replay path has no graph inputs)."""
+        """The same promise for the tensors a replay reads from the call (the fast path has no graph
+        inputs; a held input read in place at its recorded address was checked when recorded)."""
         for value in arguments:
             if isinstance(value, torch.Tensor) and id(value) not in traced_sharing and storage(value) in written_storages:
                 raise DraftCaptureError(
@@ -368,10 +368,21 @@ def _translating_capture_errors(recorder: GraphRecorder) -> Callable[..., Any]:
     return run
 
 
+class _Default:
+    """A parameter's default in the binder's generated signature: rendered as a lookup of it."""
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+
+    def __repr__(self) -> str:
+        return f"__defaults[{self.name!r}]"
+
+
 def _binder(fn: Callable[..., Any], code_fn: Callable[..., Any]) -> Callable[[tuple, dict], dict[str, Any] | None]:
     """A function (args, kwargs) -> the frame's locals at entry, as Dynamo's guards read them (each
     parameter by name, *args and **kwargs as a tuple and a dict, closure variables by name); None
-    when the call does not bind."""
+    when the call does not bind. Generated with the draft's own signature, so that CPython binds the
+    arguments (defaults and keywords included) in one call."""
     try:
         signature = inspect.signature(fn)
     except (TypeError, ValueError):
@@ -379,31 +390,48 @@ def _binder(fn: Callable[..., Any], code_fn: Callable[..., Any]) -> Callable[[tu
     code = getattr(code_fn, "__code__", None)
     closure = getattr(code_fn, "__closure__", None) or ()
     free = dict(zip(code.co_freevars, closure)) if code is not None else {}
-    kinds = [p.kind for p in signature.parameters.values()]
-    simple = set(kinds) <= {inspect.Parameter.POSITIONAL_OR_KEYWORD}
     names = list(signature.parameters)
-    star = kinds == [inspect.Parameter.VAR_POSITIONAL, inspect.Parameter.VAR_KEYWORD]  # (*args, **kwargs): fold's wrapper
+    if any(name.startswith("__") or not name.isidentifier() for name in [*names, *free]):
+        return _binder_by_signature(signature, free)  # names the generated code could not use as they are
     defaults = {n: p.default for n, p in signature.parameters.items() if p.default is not inspect.Parameter.empty}
+    plain = signature.replace(
+        parameters=[p.replace(annotation=inspect.Parameter.empty, default=_Default(n) if n in defaults else p.default) for n, p in signature.parameters.items()],
+        return_annotation=inspect.Signature.empty,
+    )
+    source = "\n".join([
+        f"def __locals{plain}:",
+        f"    return {{{', '.join(f'{n!r}: {n}' for n in names)}}}",
+        "def bind(__args, __kwargs):",
+        "    try:",
+        "        __f = __locals(*__args, **__kwargs)",
+        "    except TypeError:",
+        "        return None",
+        *[f"    __f[{n!r}] = __cells[{n!r}].cell_contents" for n in free],
+        "    return __f",
+    ])  # fmt: skip
+    scope = {"__defaults": defaults, "__cells": free}
+    exec(compile(source, f"<draftfuse binder of {getattr(fn, '__qualname__', 'a draft')}>", "exec"), scope)
+    bind = scope["bind"]
 
+    def bind_or_none(args: tuple, kwargs: dict) -> dict[str, Any] | None:
+        try:
+            return bind(args, kwargs)
+        except ValueError:  # an empty closure cell
+            return None
+
+    return bind_or_none if free else bind
+
+
+def _binder_by_signature(signature: inspect.Signature, free: dict[str, Any]) -> Callable[[tuple, dict], dict[str, Any] | None]:
     def bind(args: tuple, kwargs: dict) -> dict[str, Any] | None:
-        if star:
-            f_locals = {names[0]: args, names[1]: kwargs}  # both fresh for this call
-        elif simple and len(args) <= len(names):
-            f_locals = {**defaults, **dict(zip(names, args)), **kwargs}
-            if len(f_locals) != len(names):
-                return None
-        else:
-            try:
-                bound = signature.bind(*args, **kwargs)
-            except TypeError:
-                return None
+        try:
+            bound = signature.bind(*args, **kwargs)
             bound.apply_defaults()
             f_locals = dict(bound.arguments)
-        for name, cell in free.items():
-            try:
+            for name, cell in free.items():
                 f_locals[name] = cell.cell_contents
-            except ValueError:  # an empty cell
-                return None
+        except (TypeError, ValueError):  # no binding; an empty cell
+            return None
         return f_locals
 
     return bind
