@@ -156,6 +156,22 @@ def test_a_fold_of_a_worker_replays_without_dynamo(recwarn):
     assert sum(recorder.calls for recorder, _ in draft.draft._recorders) == calls, "replayed without Dynamo"
     placeholders = [p.target for p in draft.draft._recorders[0][1]]
     assert "L_seq_lens_" in placeholders, placeholders  # graph inputs named after the seed's parameters
+    # torch 2.11 compiles a function without a source file inside a wrapper frame shared by all such
+    # functions, where the fast path cannot find its guards: the generated composition has one
+    assert inspect.getsourcefile(draft.draft._code_fn) is not None
+    assert "return _df_loop_" in inspect.getsource(draft.draft._code_fn)
+
+
+def test_a_draft_whose_compiled_code_is_not_found_says_it_gets_no_fast_replay(monkeypatch):
+    import torch._dynamo.eval_frame
+
+    monkeypatch.setattr(torch._dynamo.eval_frame, "_debug_get_cache_entry_list", lambda code: [])
+    draft = fold(lambda x: (x + 1,), lambda y: y * 2)
+    x = torch.arange(4.0)
+    with pytest.warns(UserWarning, match="no fast replay for this draft: Dynamo's compiled code for this call is not on"):
+        for _ in range(3):
+            assert torch.equal(draft(x), (x + 1) * 2)
+    assert not draft.draft._replays
 
 
 def test_a_folded_call_binds_no_signature(monkeypatch):

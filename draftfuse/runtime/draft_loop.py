@@ -62,7 +62,7 @@ from draftfuse.runtime import checks, translate
 from draftfuse.runtime.errors import DraftCaptureError, RecompileError
 from draftfuse.runtime.pipeline import CompileRecord, lower, prepare
 from draftfuse.runtime.recorder import GraphRecorder, log
-from draftfuse.runtime.replay import Replay, tensor_leaves
+from draftfuse.runtime.replay import Replay, tensor_leaves, warn_no_fast_replay
 
 _CPU_WARNING = (
     "draftfuse: draft {name!r} runs on the CPU: it is compiled, but CUDA graphs need a CUDA device, "
@@ -223,10 +223,12 @@ class DraftLoop:
         f_locals = self._bind(args, kwargs)
         with torch.no_grad():  # as the call ran; Dynamo ran the first entry whose guards pass
             entry = next((e for e in _debug_get_cache_entry_list(self._code_fn.__code__) if _passes(e, f_locals)), None)
-        if entry is not None:
-            replay = Replay.build(entry, recorder, placeholders, f_locals, out)
-            if replay is not None:
-                self._replays.insert(0, replay)
+        if entry is None:  # torch 2.11 compiles a function without a source file inside a shared wrapper frame
+            warn_no_fast_replay("Dynamo's compiled code for this call is not on the draft's own code (is it a function without a source file?)")
+            return
+        replay = Replay.build(entry, recorder, placeholders, f_locals, out)
+        if replay is not None:
+            self._replays.insert(0, replay)
 
     def _first_data_dependent(self, args: tuple, kwargs: dict) -> str:
         """file:line of the draft's first op whose size or value depends on the data: traced again

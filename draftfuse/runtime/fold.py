@@ -31,12 +31,16 @@ arguments passed by keyword where its signature allows. Limits: as for draft_loo
 from __future__ import annotations
 
 import inspect
+import itertools
+import linecache
 import os
 from collections.abc import Callable, Mapping
 from typing import Any
 
 from draftfuse.passes.seed_fold.seam import mark_seam, seam_facts
 from draftfuse.runtime.draft_loop import DraftLoop, draft_loop
+
+_generated = itertools.count()  # each fold's source file has a name of its own
 
 
 class FoldedDraft:
@@ -76,8 +80,13 @@ def _composition(seed: Callable[..., Any], loop: Callable[..., Any], facts: Any,
         "    return folded\n"
     )
     scope: dict[str, Any] = {}
-    # named inside the package, so that errors and reports point past it at the user's code
-    exec(compile(source, os.path.join(os.path.dirname(__file__), f"<fold of {_name(seed)}>"), "exec"), scope)
+    # named inside the package, so that errors and reports point past it at the user's code; its source
+    # in linecache, so that it has a source file as inspect sees it (torch 2.11's torch.compile runs a
+    # function without one inside a wrapper frame that every such function shares: Dynamo's cache and
+    # guards then belong to that wrapper, and the draft could not replay without Dynamo)
+    filename = os.path.join(os.path.dirname(__file__), f"<fold of {_name(seed)} {next(_generated)}>")
+    linecache.cache[filename] = (len(source), None, source.splitlines(keepends=True), filename)
+    exec(compile(source, filename, "exec"), scope)
     folded = scope["make"](seed, loop, mark_seam, facts, tuple, isinstance)
     if plain:
         folded.__defaults__ = tuple(p.default for p in parameters if p.default is not inspect.Parameter.empty) or None

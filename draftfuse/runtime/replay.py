@@ -42,7 +42,7 @@ _SIDE_EFFECT_OPS = {"STORE_ATTR", "STORE_SUBSCR", "STORE_GLOBAL", "DELETE_ATTR",
 _ALLOWED_NAMES = ("__compiled_fn", "__import_torch_dot__dynamo_dot_utils", "record_pregraph_bytecode_enter", "record_pregraph_bytecode_exit")
 
 
-def _no_fast_replay(why: str) -> None:
+def warn_no_fast_replay(why: str) -> None:
     """Say (once per recording) that a draft's calls stay on the Dynamo path: correct, but each pays
     Dynamo's guards and argument handling on the host (about 100 us)."""
     _, level = user_frame()
@@ -87,7 +87,7 @@ def _fetcher(placeholder: Any, value: Any, scope: dict[str, Any]) -> Callable[[d
         if eval(code, {}, scope) is not value:
             raise LookupError(name)
     except Exception:
-        _no_fast_replay(f"input {name} is not found from the arguments")
+        warn_no_fast_replay(f"input {name} is not found from the arguments")
         return None
     if (plain := re.fullmatch(r"L\['(\w+)'\]", name)) is not None:
         return operator.itemgetter(plain.group(1))  # an argument itself: a dict lookup
@@ -147,7 +147,7 @@ class Replay:
     def build(cls, entry: Any, recorder: GraphRecorder, placeholders: list[Any], f_locals: dict[str, Any], output: Any) -> Replay | None:
         why = cls._unsound(entry, recorder, placeholders)
         if why:
-            _no_fast_replay(why)
+            warn_no_fast_replay(why)
             return None
         nodes = _guard_nodes(entry.guard_manager.root)
         scope = {"L": f_locals}
@@ -173,7 +173,7 @@ class Replay:
             return None
         template = cls._template(recorder, f_locals, output)
         if template is None:
-            _no_fast_replay("the draft returns a tensor that is neither a graph output nor an argument")
+            warn_no_fast_replay("the draft returns a tensor that is neither a graph output nor an argument")
             return None
         return cls(entry.guard_manager, recorder, fetchers, held, template, identities)
 
