@@ -134,6 +134,26 @@ def test_a_write_to_the_logits_after_the_softmax_does_not_matter():
     assert len(report.rewrites) == 1, str(report)
 
 
+def test_a_topk_over_another_dim_of_logits_written_later_is_exact_through_inductor():
+    # found by the fuzzer on torch 2.11: Inductor computed topk(x, 3, 0) from x as written by two later
+    # in-place writes; the rewrite is refused there (2.13 compiles it right, and rewrites)
+    def f(x, v):
+        probs = torch.softmax((x * 2.0).double(), 0)
+        x[..., 2] = v
+        x.unsqueeze(0)[0].neg_()
+        return (torch.topk(probs, 3, 0).indices,)
+
+    x, v = torch.randn(3, 2, 26), torch.randn(3, 2)
+    torch._dynamo.reset()
+    got = torch.compile(f, backend="draftfuse", fullgraph=True)(x.clone(), v)[0]
+    assert torch.equal(got, f(x.clone(), v)[0])
+    report = rewrite_softmax_topk(dynamo_graph(f, x.clone(), v)).report
+    if torch.torch_version.TorchVersion(torch.__version__) < (2, 13):
+        assert not report.rewrites and "other than the last from the logits as written later" in report.refusals[0].reason
+    else:
+        assert len(report.rewrites) == 1, str(report)
+
+
 def test_logits_written_through_an_out_argument_refuse():
     def f(x, q):
         scaled = x * 2.0

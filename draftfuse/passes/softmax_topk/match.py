@@ -42,6 +42,11 @@ from draftfuse.passes.driver import Refuse
 aten = torch.ops.aten
 prims = torch.ops.prims
 HALF = (torch.float16, torch.bfloat16)
+# torch 2.11's Inductor computes topk(x, k, dim) over a dim other than the last (or over a permuted view)
+# from x as written by later in-place writes of the graph: topk(x, 3, 0), then x[..., 2] = v and x.neg_(),
+# gave the indices of the written x (a clone of x before the topk did not help; 2.13 is right). Such a
+# rewrite is refused there: the softmax read a tensor of its own.
+_TOPK_MISSES_LATER_WRITES = torch.torch_version.TorchVersion(torch.__version__) < (2, 13)
 
 
 # Rules as data: how each spelling names its arguments. target: (parameter names, is log_softmax).
@@ -400,6 +405,11 @@ def match(sel: Selection, level: str, effects: Effects) -> Match | None:
     _check_effects(effects, sel, softmax, logits, peeled, cast_nodes)
     if tensor is not None and (written := effects.writers([tensor.node], tensor.at, softmax.node)):
         raise Refuse(f"the temperature {tensor.node.name} is written in place after the softmax read it, by {_describe(written[0])}")
+    if _TOPK_MISSES_LATER_WRITES and k > 1 and sel_dim != probs_value.dim() - 1 and (written := effects.writers([logits], softmax.node)):
+        raise Refuse(
+            f"torch {torch.__version__}'s Inductor can compute a topk over a dim other than the last from the "
+            f"logits as written later (here by {_describe(written[0])}); torch 2.13 does not"
+        )
     read_dtype = casts[-1] if casts else probs_value.dtype
     return Match(
         selection=sel, softmax=softmax, dim=sel_dim, k=k, logits=logits,
