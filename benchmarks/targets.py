@@ -125,13 +125,12 @@ def _bound(target: str, where: str, value: float | None, limit: float | None, op
 
 
 def _host_reason(host: float | None, raw: float | None) -> str | None:
-    """Why a host time misses: the raw CUDA graph runner's host time of the same run beside it."""
+    """Why a host time misses, in a line the summary shows whole: the raw CUDA graph runner's host time
+    (input copies, replay, output clones) measured alike in the same run."""
     if host is None or raw is None:
         return None
-    floor = f"{raw:.1f} µs, above the target: the floor of the method on this machine" if raw > HOST_LIMIT_US else f"{raw:.1f} µs"
-    return (f"the raw CUDA graph runner (input copies, replay, output clones), measured alike in the same run, takes "
-            f"{floor}; draftfuse / raw = {host / raw:.2f}: draftfuse's call is its graph replay and its Python (Dynamo's "
-            "C++ guards, argument binding, output rebuild); each part measured in notes/host.md")  # fmt: skip
+    above = " (over the target too: the method's floor on this host)" if raw > HOST_LIMIT_US else ""
+    return f"raw CUDA graph runner, same run: {raw:.1f} µs{above}; draftfuse / raw {host / raw:.2f}; the parts in notes/host.md"
 
 
 def _tokens(target: str, where: str, r: dict | None) -> Point:
