@@ -9,6 +9,8 @@ on CUDA, where a CUDA graph replays (tests/test_runtime_cuda.py).
 
 from __future__ import annotations
 
+import functools
+
 import pytest
 import torch
 from torch import nn
@@ -280,6 +282,44 @@ def test_every_kind_of_parameter_binds_on_the_fast_path():
     compiled(head, hidden, cache, 1.0, position=position, gain=2.0)
     assert recorder_calls(compiled) == calls, "replayed without Dynamo"
     assert compiled._bind((head,), {}) is None, "a call that does not bind goes through Dynamo (which raises for it)"
+
+
+def _wrapped(f):
+    @functools.wraps(f)
+    def wrapper(*args, **kwargs):
+        return f(*args, **kwargs)
+
+    return wrapper
+
+
+@pytest.mark.parametrize("decorate", [_wrapped, torch.no_grad(), torch.inference_mode()], ids=["functools.wraps", "no_grad", "inference_mode"])
+def test_decorated_drafts_replay_without_dynamo(decorate):
+    # Public workers decorate their draft methods (`@torch.inference_mode()` on a proposer's step);
+    # torch.compile runs a function defined in a file Dynamo skips (torch's decorator wrappers) inside a
+    # wrapper frame shared by all, and functools.wraps shows a signature that is not the frame's.
+    class Worker(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.head, self.hidden, self.cache, self.position = make()
+
+        @draftfuse.draft_loop
+        @decorate
+        def step(self, hidden, steps=2):
+            return draft(self.head, hidden, self.cache, self.position, steps=steps)
+
+    worker = Worker()
+    hidden = torch.randn(2, 8)
+    for _ in range(3):
+        worker.step(hidden)
+    compiled = worker.step
+    assert compiled._replays, "the draft replays without Dynamo"
+    calls = recorder_calls(compiled)
+    cache_before = worker.cache.clone()
+    got = compiled(hidden)
+    assert recorder_calls(compiled) == calls
+    with torch.no_grad():
+        want = draft(worker.head, hidden, cache_before, worker.position, steps=2)
+    torch.testing.assert_close(got, want, rtol=0, atol=0)
 
 
 def test_a_draft_with_a_side_effect_stays_on_the_dynamo_path():

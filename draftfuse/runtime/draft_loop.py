@@ -71,15 +71,37 @@ _CPU_WARNING = (
 
 
 def own_code(fn: Callable[..., Any]) -> Callable[..., Any]:
-    """`fn` with a code object of its own, so that Dynamo's cache for it is not shared (a plain
-    function; anything else is returned as it is)."""
+    """`fn` with a code object of its own, so that Dynamo's cache for it is not shared: a copy of a plain
+    function, or, for a function that torch.compile would run inside its shared wrapper frame (one Dynamo
+    does not trace as a top frame, such as the wrapper of `@torch.no_grad()`, or one without a source
+    file), a frame of its own that calls it. Anything else is returned as it is."""
     if not isinstance(fn, types.FunctionType):
         return fn
+    if _run_inside_a_wrapper(fn):
+        return own_code(_frame_calling(fn))
     copy = types.FunctionType(fn.__code__.replace(), fn.__globals__, fn.__name__, fn.__defaults__, fn.__closure__)
     copy.__kwdefaults__ = fn.__kwdefaults__
     copy.__qualname__ = fn.__qualname__
     copy.__dict__.update(fn.__dict__)
     return copy
+
+
+def _run_inside_a_wrapper(fn: types.FunctionType) -> bool:
+    """Whether torch.compile(fn) would trace a wrapper frame that every such function shares (there
+    Dynamo's cache entries and guards are not on fn's code, and the fast replay path finds none)."""
+    try:
+        source = inspect.getsourcefile(fn)
+    except TypeError:
+        source = None
+    return source is None or bool(torch._dynamo.trace_rules.check(fn))
+
+
+def _frame_calling(fn: Callable[..., Any]) -> Callable[..., Any]:
+    def draft(*args: Any, **kwargs: Any) -> Any:
+        return fn(*args, **kwargs)
+
+    draft.__qualname__ = getattr(fn, "__qualname__", draft.__qualname__)
+    return draft
 
 
 class _Captured(Exception):
@@ -223,8 +245,8 @@ class DraftLoop:
         f_locals = self._bind(args, kwargs)
         with torch.no_grad():  # as the call ran; Dynamo ran the first entry whose guards pass
             entry = next((e for e in _debug_get_cache_entry_list(self._code_fn.__code__) if _passes(e, f_locals)), None)
-        if entry is None:  # torch 2.11 compiles a function without a source file inside a shared wrapper frame
-            warn_no_fast_replay("Dynamo's compiled code for this call is not on the draft's own code (is it a function without a source file?)")
+        if entry is None:  # own_code gives the draft a frame of its own: should torch.compile still run it inside another
+            warn_no_fast_replay("Dynamo's compiled code for this call is not on the draft's own code (torch.compile ran it inside a wrapper frame)")
             return
         replay = Replay.build(entry, recorder, placeholders, f_locals, out)
         if replay is not None:
@@ -383,10 +405,11 @@ class _Default:
 def _binder(fn: Callable[..., Any], code_fn: Callable[..., Any]) -> Callable[[tuple, dict], dict[str, Any] | None]:
     """A function (args, kwargs) -> the frame's locals at entry, as Dynamo's guards read them (each
     parameter by name, *args and **kwargs as a tuple and a dict, closure variables by name); None
-    when the call does not bind. Generated with the draft's own signature, so that CPython binds the
-    arguments (defaults and keywords included) in one call."""
+    when the call does not bind. Generated with the signature of the code Dynamo runs (a wrapper's own,
+    not the one functools.wraps shows), so that CPython binds the arguments (defaults and keywords
+    included) in one call."""
     try:
-        signature = inspect.signature(fn)
+        signature = inspect.signature(code_fn, follow_wrapped=False)
     except (TypeError, ValueError):
         return lambda args, kwargs: None
     code = getattr(code_fn, "__code__", None)

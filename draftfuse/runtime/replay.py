@@ -40,6 +40,9 @@ from draftfuse.runtime.recorder import GraphRecorder, log
 
 _SIDE_EFFECT_OPS = {"STORE_ATTR", "STORE_SUBSCR", "STORE_GLOBAL", "DELETE_ATTR", "DELETE_SUBSCR", "DELETE_GLOBAL", "IMPORT_NAME"}
 _ALLOWED_NAMES = ("__compiled_fn", "__import_torch_dot__dynamo_dot_utils", "record_pregraph_bytecode_enter", "record_pregraph_bytecode_exit")
+# attributes Dynamo's code reads to rebuild a returned constant from where the draft found it (a default
+# of a function inside a decorator's closure: fn.__closure__[1].cell_contents.__defaults__[0]); reads only
+_FUNCTION_READS = {"__closure__", "cell_contents", "__defaults__", "__kwdefaults__"}
 
 
 def warn_no_fast_replay(why: str) -> None:
@@ -58,7 +61,8 @@ def _dynamo_code_is_pure(code: Any, fetched: set[str]) -> bool:
             return False
         if instruction.opname in ("LOAD_GLOBAL", "LOAD_NAME", "LOAD_ATTR", "LOAD_METHOD"):
             name = str(instruction.argval)
-            if not (name.startswith(_ALLOWED_NAMES) or instruction.opname in ("LOAD_ATTR", "LOAD_METHOD") and name in fetched):
+            if not (name.startswith(_ALLOWED_NAMES) or instruction.opname == "LOAD_ATTR" and name in _FUNCTION_READS
+                    or instruction.opname in ("LOAD_ATTR", "LOAD_METHOD") and name in fetched):
                 return False
     return True
 
