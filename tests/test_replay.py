@@ -322,6 +322,35 @@ def test_decorated_drafts_replay_without_dynamo(decorate):
     torch.testing.assert_close(got, want, rtol=0, atol=0)
 
 
+class _Stepper(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.head, _, self.cache, self.position = make()
+
+    def forward(self, hidden, steps: int = 2):
+        return draft(self.head, hidden, self.cache, self.position, steps=steps)[:2]
+
+    def step(self, hidden):
+        return self(hidden, steps=3)
+
+
+@pytest.mark.parametrize("which", ["module", "bound method"])
+def test_a_module_and_a_bound_method_replay_without_dynamo(which):
+    model, hidden = _Stepper(), torch.randn(2, 8)
+    eager = model if which == "module" else model.step
+    compiled = draftfuse.draft_loop(eager)
+    for _ in range(3):
+        compiled(hidden)
+    assert compiled._replays
+    calls, cache = recorder_calls(compiled), model.cache.clone()
+    got = compiled(hidden)
+    assert recorder_calls(compiled) == calls, "replayed without Dynamo"
+    model.cache.copy_(cache)
+    with torch.no_grad():
+        want = eager(hidden)
+    torch.testing.assert_close(got, want, rtol=0, atol=0)
+
+
 def test_a_draft_with_a_side_effect_stays_on_the_dynamo_path():
     class Recorder(nn.Module):
         def forward(self, x):

@@ -471,7 +471,8 @@ def draft_loop(
     dynamic: bool | None = False,
     max_compiles: int = 4,
 ) -> Any:
-    """Compile a draft function or method as one captured region (see the module docstring).
+    """Compile a draft as one captured region (see the module docstring): a function, a method (decorated
+    in its class, or bound: `draft_loop(worker.step)`), or an nn.Module (its call, hooks included).
 
     Usable bare (`@draft_loop`) or with arguments (`@draft_loop(mode=..., options=...)`).
     mode/options: as for the draftfuse backend (`options` may mix draftfuse's and Inductor's keys);
@@ -491,4 +492,8 @@ def draft_loop(
 
 
 def _decorate(fn: Callable[..., Any], **settings: Any) -> DraftLoop:
+    if isinstance(fn, torch.nn.Module):
+        fn = fn.__call__  # its hooks and forward, as torch.compile(module) runs them
+    if isinstance(fn, types.MethodType):  # a bound method: the function, for this instance (as a decorated method)
+        return DraftLoop(fn.__func__, instance=fn.__self__, **settings)
     return DraftLoop(fn, **settings)
