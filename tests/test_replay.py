@@ -356,6 +356,26 @@ def test_a_module_and_a_bound_method_replay_without_dynamo(which):
     torch.testing.assert_close(got, want, rtol=0, atol=0)
 
 
+def test_a_returned_argument_object_is_the_call_s_own():
+    # Servers pass a metadata object rebuilt every step (positions, seq_lens) and some drafts hand it back:
+    # the fast path returned the object of the call it was recorded from (found by probing such patterns).
+    class Meta:
+        def __init__(self, positions):
+            self.positions = positions
+
+    @draftfuse.draft_loop
+    def step(x, meta, extra):
+        return torch.softmax(x + meta.positions, -1).argmax(-1), meta, extra[0]
+
+    x = torch.randn(2, 3)
+    for i in range(5):
+        meta, extra = Meta(torch.full((3,), float(i))), [object()]
+        tokens, returned, first = step(x, meta, extra)
+        assert returned is meta and first is extra[0], f"call {i}"
+        assert torch.equal(tokens, torch.softmax(x + meta.positions, -1).argmax(-1))
+    assert step._replays, "the calls after the recording replayed without Dynamo"
+
+
 def test_a_draft_with_a_side_effect_stays_on_the_dynamo_path():
     class Recorder(nn.Module):
         def forward(self, x):

@@ -62,7 +62,7 @@ from draftfuse.runtime import checks, translate
 from draftfuse.runtime.errors import DraftCaptureError, RecompileError
 from draftfuse.runtime.pipeline import CompileRecord, lower, prepare
 from draftfuse.runtime.recorder import GraphRecorder, log
-from draftfuse.runtime.replay import Replay, tensor_leaves, warn_no_fast_replay
+from draftfuse.runtime.replay import Replay, argument_leaves, warn_no_fast_replay
 
 _CPU_WARNING = (
     "draftfuse: draft {name!r} runs on the CPU: it is compiled, but CUDA graphs need a CUDA device, "
@@ -213,7 +213,7 @@ class DraftLoop:
         self._record_replay(args, kwargs, out)
         if self._zero_copy:
             return out
-        inputs = {id(t) for _, t in tensor_leaves({**dict(enumerate(args)), **kwargs})}  # as Replay.run passes them
+        inputs = {id(t) for _, t in argument_leaves({**dict(enumerate(args)), **kwargs})}  # as Replay.run passes them
         return tree_map_only(torch.Tensor, lambda t: t if id(t) in inputs else t.clone(), out)
 
     def _record_replay(self, args: tuple, kwargs: dict, out: Any) -> None:

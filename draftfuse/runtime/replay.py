@@ -38,6 +38,8 @@ from torch.utils._pytree import tree_flatten, tree_unflatten
 from draftfuse.graph.values import source_name, user_frame
 from draftfuse.runtime.recorder import GraphRecorder, log
 
+# returned values that Dynamo's guards pin (a value of these types that Dynamo returns is one it specialised on)
+_PINNED = (type(None), bool, int, float, complex, str, bytes, torch.dtype, torch.device)
 _SIDE_EFFECT_OPS = {"STORE_ATTR", "STORE_SUBSCR", "STORE_GLOBAL", "DELETE_ATTR", "DELETE_SUBSCR", "DELETE_GLOBAL", "IMPORT_NAME"}
 _ALLOWED_NAMES = ("__compiled_fn", "__import_torch_dot__dynamo_dot_utils", "record_pregraph_bytecode_enter", "record_pregraph_bytecode_exit")
 # attributes Dynamo's code reads to rebuild a returned constant from where the draft found it (a default
@@ -177,7 +179,8 @@ class Replay:
             return None
         template = cls._template(recorder, f_locals, output)
         if template is None:
-            warn_no_fast_replay("the draft returns a tensor that is neither a graph output nor an argument")
+            warn_no_fast_replay("the draft returns a value that is neither a graph output, an argument (or in one), nor a "
+                                "Python constant the guards pin (a tensor made outside the graph, an object from elsewhere)")
             return None
         return cls(entry.guard_manager, recorder, fetchers, held, template, identities)
 
@@ -195,19 +198,18 @@ class Replay:
     @staticmethod
     def _template(recorder: GraphRecorder, f_locals: dict[str, Any], output: Any) -> tuple | None:
         graph_outputs = {id(t): i for i, t in enumerate(tree_flatten(recorder.outputs)[0]) if isinstance(t, torch.Tensor)}
-        arguments = {id(t): path for path, t in tensor_leaves(f_locals)}
+        arguments = {id(v): path for path, v in reversed(argument_leaves(f_locals, object))}  # the outermost path of each
         leaves, spec = tree_flatten(output)
         plan = []
         for leaf in leaves:
-            if isinstance(leaf, torch.Tensor):
-                if id(leaf) in graph_outputs:
-                    plan.append(("graph", graph_outputs[id(leaf)]))
-                elif id(leaf) in arguments:
-                    plan.append(("argument", arguments[id(leaf)]))
-                else:
-                    return None
-            else:
+            if isinstance(leaf, torch.Tensor) and id(leaf) in graph_outputs:
+                plan.append(("graph", graph_outputs[id(leaf)]))
+            elif isinstance(leaf, _PINNED):
                 plan.append(("constant", leaf))
+            elif id(leaf) in arguments:  # an argument (or an object in one) is the call's own, not the recorded call's
+                plan.append(("argument", arguments[id(leaf)]))
+            else:
+                return None
         return plan, spec
 
     def matches(self, f_locals: dict[str, Any], explain: bool = False) -> bool:
@@ -252,17 +254,17 @@ class Replay:
         return tuple(values) if self.flat_tuple else tree_unflatten(values, self.spec)
 
 
-def tensor_leaves(f_locals: dict[Any, Any]) -> list[tuple[tuple, torch.Tensor]]:
-    """(path, tensor) for the tensors among a call's arguments (by name or position), at most one level
-    into lists, tuples and dicts."""
+def argument_leaves(f_locals: dict[Any, Any], kind: type | tuple[type, ...] = torch.Tensor) -> list[tuple[tuple, Any]]:
+    """(path, value) for the values of `kind` among a call's arguments (by name or position), at most one
+    level into lists, tuples and dicts."""
     found = []
     for name, value in f_locals.items():
-        if isinstance(value, torch.Tensor):
+        if isinstance(value, kind):
             found.append(((name,), value))
-        elif isinstance(value, (tuple, list)):
-            found += [((name, i), v) for i, v in enumerate(value) if isinstance(v, torch.Tensor)]
+        if isinstance(value, (tuple, list)):
+            found += [((name, i), v) for i, v in enumerate(value) if isinstance(v, kind)]
         elif isinstance(value, dict):
-            found += [((name, k), v) for k, v in value.items() if isinstance(v, torch.Tensor)]
+            found += [((name, k), v) for k, v in value.items() if isinstance(v, kind)]
     return found
 
 
