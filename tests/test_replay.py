@@ -376,6 +376,40 @@ def test_a_returned_argument_object_is_the_call_s_own():
     assert step._replays, "the calls after the recording replayed without Dynamo"
 
 
+def test_python_values_passed_through_are_the_call_s_own():
+    # Dynamo guards nothing on a value it only returns: a recorded constant would be stale
+    @draftfuse.draft_loop
+    def step(x, n, cfg=None):
+        return torch.softmax(x, -1).argmax(-1), n, cfg
+
+    x = torch.randn(2, 3)
+    for n, cfg in [(1, None), (1, None), (1, None), (2, "tag"), (7, [1, 2]), (1, None), ("s", None)]:
+        tokens, got_n, got_cfg = step(x, n, cfg)
+        assert got_n == n and got_cfg == cfg, (n, cfg, got_n, got_cfg)
+        assert torch.equal(tokens, torch.softmax(x, -1).argmax(-1))
+
+
+def test_a_written_buffer_passed_as_a_new_view_each_call_replays():
+    # Servers pass `buf[:n]` every step: a new view object of the same memory is the same input
+    @draftfuse.draft_loop
+    def step(h, out):
+        out[:, 0] = torch.softmax(h, -1).argmax(-1)
+        return out
+
+    buf, want = torch.zeros(8, 4, dtype=torch.long), torch.zeros(8, 4, dtype=torch.long)
+    for i in range(5):
+        h = torch.randn(3, 16)
+        view = buf[:3]
+        returned = step(h, view)
+        want[:3, 0] = torch.softmax(h, -1).argmax(-1)
+        assert torch.equal(buf, want) and returned is view, f"call {i}"
+    calls = recorder_calls(step)
+    step(torch.randn(3, 16), buf[:3])
+    assert recorder_calls(step) == calls, "replayed without Dynamo"
+    with pytest.raises(CudagraphSkipError, match="'out' is written in place"):
+        step(torch.randn(3, 16), buf[1:4])  # other memory
+
+
 def test_a_draft_with_a_side_effect_stays_on_the_dynamo_path():
     class Recorder(nn.Module):
         def forward(self, x):

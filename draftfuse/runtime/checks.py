@@ -7,7 +7,8 @@
   * a CPU tensor input on an accelerator draft (CUDA graphs skip such graphs);
   * a dynamic shape, unless the caller asked for dynamic=True;
   * inputs the draft writes in place (`written_inputs`, from draftfuse.graph.effects): a KV cache must
-    keep its address, so the runtime marks it static and checks its address on every call.
+    keep its address, so the runtime marks it static and checks its address on every call
+    (`guard_written_inputs`, with the check that no other argument shares its memory).
 They run after the Dynamo-level passes: the seed fold removes host round trips that only existed at
 the old seam.
 """
@@ -16,6 +17,7 @@ from __future__ import annotations
 
 import dataclasses
 import re
+from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
 import torch
@@ -165,6 +167,43 @@ def moved_input_error(written: WrittenInput) -> CudagraphSkipError:
         where=written.where,
         fix=f"allocate {written.name!r} once and pass the same tensor on every call (copy_ new contents into it)",
     )
+
+
+def guard_written_inputs(compiled: Callable[..., Any], written: list[WrittenInput], example_inputs: list[Any]) -> Callable[..., Any]:
+    """Check, on every call, that each written input is the tensor the draft was compiled with, and
+    that no other tensor argument shares its memory unless one did when traced."""
+    addresses = [(item, example_inputs[item.index].data_ptr()) for item in written]
+    storage = lambda t: t.untyped_storage().data_ptr()  # noqa: E731
+    written_storages = {storage(example_inputs[item.index]) for item in written}
+    traced_sharing = {id(v) for v in example_inputs if isinstance(v, torch.Tensor) and storage(v) in written_storages}
+    written_positions = {item.index for item in written}
+
+    def check_graph_inputs(*args: Any) -> None:
+        for item, address in addresses:
+            if args[item.index].data_ptr() != address:
+                raise moved_input_error(item)
+
+    def check_arguments(arguments: Sequence[Any], positions: Iterable[int]) -> None:
+        """The same promise for the tensors a replay reads from the call, at their graph input positions
+        (the fast path has no graph inputs; a held input read in place at its recorded address was checked
+        when recorded). A written input itself is its own memory: its address is what counts."""
+        for position, value in zip(positions, arguments):
+            if position in written_positions:
+                continue
+            if isinstance(value, torch.Tensor) and id(value) not in traced_sharing and storage(value) in written_storages:
+                raise DraftCaptureError(
+                    "an argument shares memory with an input the draft writes in place, which it did not when the "
+                    "draft was compiled: the compiled draft reads the memory as traced",
+                    fix="pass tensors that do not overlap the ones the draft writes (or the same views on every call)",
+                )
+
+    def run(*args: Any) -> Any:
+        check_graph_inputs(*args)
+        check_arguments(args, range(len(args)))
+        return compiled(*args)
+
+    run.check = check_arguments
+    return run
 
 
 def capture_failed_error(exc: BaseException) -> CudagraphSkipError:

@@ -298,7 +298,7 @@ class DraftLoop:
         compiled, record = lower(prepared, example_inputs, options)
         self.compiles.append(record)
         if written:
-            compiled = _guard_written_inputs(compiled, written, example_inputs)
+            compiled = checks.guard_written_inputs(compiled, written, example_inputs)
         if not own_graph:
             return compiled
         placeholders = prepared.graph_module.graph.find_nodes(op="placeholder")
@@ -332,39 +332,6 @@ class DraftLoop:
         except (TypeError, ValueError):
             return {}
         return {name: checks.describe_value(value) for name, value in bound.arguments.items()}
-
-
-def _guard_written_inputs(compiled: Callable[..., Any], written: list[checks.WrittenInput], example_inputs: list[Any]) -> Callable[..., Any]:
-    """Check, on every call, that each written input is the tensor the draft was compiled with, and
-    that no other tensor argument shares its memory unless one did when traced."""
-    addresses = [(item, example_inputs[item.index].data_ptr()) for item in written]
-    storage = lambda t: t.untyped_storage().data_ptr()  # noqa: E731
-    written_storages = {storage(example_inputs[item.index]) for item in written}
-    traced_sharing = {id(v) for v in example_inputs if isinstance(v, torch.Tensor) and storage(v) in written_storages}
-
-    def check_graph_inputs(*args: Any) -> None:
-        for item, address in addresses:
-            if args[item.index].data_ptr() != address:
-                raise checks.moved_input_error(item)
-
-    def check_arguments(arguments: tuple) -> None:
-        """The same promise for the tensors a replay reads from the call (the fast path has no graph
-        inputs; a held input read in place at its recorded address was checked when recorded)."""
-        for value in arguments:
-            if isinstance(value, torch.Tensor) and id(value) not in traced_sharing and storage(value) in written_storages:
-                raise DraftCaptureError(
-                    "an argument shares memory with an input the draft writes in place, which it did not when the "
-                    "draft was compiled: the compiled draft reads the memory as traced",
-                    fix="pass tensors that do not overlap the ones the draft writes (or the same views on every call)",
-                )
-
-    def run(*args: Any) -> Any:
-        check_graph_inputs(*args)
-        check_arguments(args)
-        return compiled(*args)
-
-    run.check = check_arguments
-    return run
 
 
 def _passes(entry: Any, f_locals: dict[str, Any] | None) -> bool:

@@ -38,8 +38,9 @@ from torch.utils._pytree import tree_flatten, tree_unflatten
 from draftfuse.graph.values import source_name, user_frame
 from draftfuse.runtime.recorder import GraphRecorder, log
 
-# returned values that Dynamo's guards pin (a value of these types that Dynamo returns is one it specialised on)
+# Python values Dynamo returns as constants: pinned by its guards unless passed through from an argument
 _PINNED = (type(None), bool, int, float, complex, str, bytes, torch.dtype, torch.device)
+_VALUE_GUARDS = {"EQUALS_MATCH", "ID_MATCH", "NONE_MATCH", "TRUE_MATCH", "FALSE_MATCH"}
 _SIDE_EFFECT_OPS = {"STORE_ATTR", "STORE_SUBSCR", "STORE_GLOBAL", "DELETE_ATTR", "DELETE_SUBSCR", "DELETE_GLOBAL", "IMPORT_NAME"}
 _ALLOWED_NAMES = ("__compiled_fn", "__import_torch_dot__dynamo_dot_utils", "record_pregraph_bytecode_enter", "record_pregraph_bytecode_exit")
 # attributes Dynamo's code reads to rebuild a returned constant from where the draft found it (a default
@@ -54,19 +55,19 @@ def warn_no_fast_replay(why: str) -> None:
     warnings.warn(f"draftfuse: no fast replay for this draft: {why}; its calls go through Dynamo (correct, slower on the host)", stacklevel=level)
 
 
-def _dynamo_code_is_pure(code: Any, fetched: set[str]) -> bool:
-    """Whether Dynamo's code for a frame only fetches the graph's inputs (attributes named in their
-    sources, `fetched`), calls the compiled graph and builds the return value: no store, and no load of
-    anything else it could call."""
+def _impure_instruction(code: Any, fetched: set[str]) -> str:
+    """What in Dynamo's code for a frame does more than fetch the graph's inputs (attributes named in
+    their sources, `fetched`), call the compiled graph and build the return value ("" if nothing): a
+    store, or a load of anything else (which it could call, or return as it finds it then)."""
     for instruction in dis.get_instructions(code):
         if instruction.opname in _SIDE_EFFECT_OPS:
-            return False
+            return f"a side effect ({instruction.opname} {instruction.argval})"
         if instruction.opname in ("LOAD_GLOBAL", "LOAD_NAME", "LOAD_ATTR", "LOAD_METHOD"):
             name = str(instruction.argval)
             if not (name.startswith(_ALLOWED_NAMES) or instruction.opname == "LOAD_ATTR" and name in _FUNCTION_READS
                     or instruction.opname in ("LOAD_ATTR", "LOAD_METHOD") and name in fetched):
-                return False
-    return True
+                return f"a load of {name!r} ({instruction.opname}: a global, or an attribute that is no graph input)"
+    return ""
 
 
 def _guard_nodes(root: Any) -> dict[str, Any]:
@@ -82,6 +83,17 @@ def _guard_nodes(root: Any) -> dict[str, Any]:
         if hasattr(node, "get_key_value_managers"):  # a dict's entries (a ModuleList's modules, say)
             stack.extend(m for pair in node.get_key_value_managers().values() for m in pair if m is not None)
     return found
+
+
+def _source(path: tuple) -> str:
+    """Dynamo's name for the argument at `path`: ("kv", 0) -> "L['kv'][0]"."""
+    return "L" + "".join(f"[{step!r}]" for step in path)
+
+
+def _pinned(nodes: dict[str, Any], path: tuple) -> bool:
+    """Whether a guard of the tree holds the argument at `path` to its value (or its identity)."""
+    node = nodes.get(_source(path))
+    return node is not None and any(type(g).__name__ in _VALUE_GUARDS for g in node.get_leaf_guards())
 
 
 def _fetcher(placeholder: Any, value: Any, scope: dict[str, Any]) -> Callable[[dict[str, Any]], Any] | None:
@@ -100,13 +112,16 @@ def _fetcher(placeholder: Any, value: Any, scope: dict[str, Any]) -> Callable[[d
     return eval(compile(f"lambda L: {name}", "<draftfuse input fetch>", "eval"), {})  # one compiled function
 
 
-def _identity_check(identities: list[tuple[str, torch.Tensor]]) -> Callable[[dict[str, Any]], bool]:
-    """One compiled function f_locals -> whether each source still finds its recorded tensor (the
-    sources are Dynamo's, checked by `_fetcher` to evaluate over the call's locals)."""
-    if not identities:
+def _static_check(statics: list[tuple[str, torch.Tensor, bool]]) -> Callable[[dict[str, Any]], bool]:
+    """One compiled function f_locals -> whether each source still finds the memory the graph reads: the
+    recorded address where a guard of the tree pins the tensor's shape and strides (a new view of the same
+    memory, as servers pass `buf[:n]` each step, is the same input), else the recorded tensor itself. The
+    sources are Dynamo's, checked by `_fetcher` to evaluate over the call's locals."""
+    if not statics:
         return lambda f_locals: True
-    terms = " and ".join(f"({name}) is V[{i}]" for i, (name, _) in enumerate(identities))
-    return eval(compile(f"lambda L: {terms}", "<draftfuse identity check>", "eval"), {"V": [v for _, v in identities]})
+    terms = " and ".join(f"({name}).data_ptr() == V[{i}].data_ptr()" if pinned else f"({name}) is V[{i}]"
+                         for i, (name, _, pinned) in enumerate(statics))  # fmt: skip
+    return eval(compile(f"lambda L: {terms}", "<draftfuse static input check>", "eval"), {"V": [v for _, v, _ in statics]})
 
 
 def _add_identity_guard(node: Any, value: Any, name: str) -> None:
@@ -128,13 +143,13 @@ class Replay:
         fetchers: list[Callable],
         held: list[torch.Tensor],
         template: tuple,
-        identities: list[tuple[str, torch.Tensor]],
+        statics: list[tuple[str, torch.Tensor, bool]],
     ) -> None:
         self.guard = guard  # Dynamo's guard manager for the frame, with identity guards added
         self.recorder = recorder
         self.fetchers = fetchers  # per non-static input, in the recorder's order: f_locals -> tensor
-        self.same_static = _identity_check(identities)  # KV caches, and static tensors no guard node holds: one call
-        self.checked_by_source = [name for name, _ in identities]
+        self.same_static = _static_check(statics)  # KV caches, and static tensors no guard node holds: one call
+        self.checked_by_source = [name for name, _, _ in statics]
         self.held = held  # the static tensors the graph reads and writes in place (weights, buffers, KV caches)
         self.pointers = [t.data_ptr() for t in held]
         self.leaves, self.spec = template
@@ -157,14 +172,15 @@ class Replay:
             return None
         nodes = _guard_nodes(entry.guard_manager.root)
         scope = {"L": f_locals}
-        held, identities = [], []
+        held, statics = [], []
         for index, (placeholder, value, static) in enumerate(zip(placeholders, recorder.last_call_inputs, recorder.static)):
             if not static:
                 continue
             # A weight, buffer or KV cache: the same tensor at the same address (`held`). A weight's identity
-            # is a guard added to its node in Dynamo's guard tree (another weight recompiles); a KV cache's
-            # is checked here, as is any tensor without a node: another KV cache, or a moved one, goes
-            # through Dynamo unchanged, whose compiled draft raises for it (draft_loop's address check).
+            # is a guard added to its node in Dynamo's guard tree (another weight recompiles); a KV cache is
+            # checked here by address (its node pins shape and strides), and any tensor without a node by
+            # identity: another KV cache, or a moved one, goes through Dynamo unchanged, whose compiled
+            # draft raises for it (draft_loop's address check).
             held.append(value)
             name = source_name(placeholder._dynamo_source)
             node = nodes.get(name)
@@ -173,22 +189,21 @@ class Replay:
                 continue
             if _fetcher(placeholder, value, scope) is None:
                 return None
-            identities.append((name, value))
+            statics.append((name, value, node is not None))
         fetchers = [_fetcher(placeholders[i], recorder.last_call_inputs[i], scope) for i, _ in recorder.copies]
         if any(f is None for f in fetchers):
             return None
-        template = cls._template(recorder, f_locals, output)
-        if template is None:
-            warn_no_fast_replay("the draft returns a value that is neither a graph output, an argument (or in one), nor a "
-                                "Python constant the guards pin (a tensor made outside the graph, an object from elsewhere)")
+        template = cls._template(recorder, f_locals, output, nodes)
+        if isinstance(template, str):
+            warn_no_fast_replay(template)
             return None
-        return cls(entry.guard_manager, recorder, fetchers, held, template, identities)
+        return cls(entry.guard_manager, recorder, fetchers, held, template, statics)
 
     @staticmethod
     def _unsound(entry: Any, recorder: GraphRecorder, placeholders: list[Any]) -> str:
         fetched = {m for p in placeholders for m in re.findall(r"\.(\w+)", source_name(p._dynamo_source))}
-        if not _dynamo_code_is_pure(entry.code, fetched):
-            return "Dynamo's code for the draft does more than call the graph (a side effect, such as an attribute store)"
+        if impure := _impure_instruction(entry.code, fetched):
+            return f"Dynamo's code for the draft does more than call the graph: {impure}"
         if len(placeholders) != len(recorder.inputs) or len(recorder.last_call_inputs) != len(placeholders):
             return "the graph's inputs are not the recorded ones"
         if not all(isinstance(v, torch.Tensor) for v in recorder.last_call_inputs):
@@ -196,20 +211,30 @@ class Replay:
         return ""
 
     @staticmethod
-    def _template(recorder: GraphRecorder, f_locals: dict[str, Any], output: Any) -> tuple | None:
+    def _template(recorder: GraphRecorder, f_locals: dict[str, Any], output: Any, nodes: dict[str, Any]) -> tuple | str:
+        """How to rebuild the return value: per leaf a graph output, an argument (the call's own object, by
+        its path), or a constant; or why it cannot be rebuilt without Dynamo's code. A Python value that is
+        also an argument is kept only if the guards pin that argument: Dynamo passes an unguarded one
+        through as it comes, and a constant equal to it cannot be told apart from it."""
         graph_outputs = {id(t): i for i, t in enumerate(tree_flatten(recorder.outputs)[0]) if isinstance(t, torch.Tensor)}
-        arguments = {id(v): path for path, v in reversed(argument_leaves(f_locals, object))}  # the outermost path of each
+        paths: dict[int, list[tuple]] = {}
+        for path, value in argument_leaves(f_locals, object):
+            paths.setdefault(id(value), []).append(path)
         leaves, spec = tree_flatten(output)
         plan = []
         for leaf in leaves:
-            if isinstance(leaf, torch.Tensor) and id(leaf) in graph_outputs:
+            found = paths.get(id(leaf), [])
+            if not isinstance(leaf, _PINNED) and found:  # an argument returned (a written buffer, an object passed
+                plan.append(("argument", found[0]))  # through): the call's own, as eager returns it, not the recorded call's
+            elif isinstance(leaf, torch.Tensor) and id(leaf) in graph_outputs:
                 plan.append(("graph", graph_outputs[id(leaf)]))
-            elif isinstance(leaf, _PINNED):
+            elif isinstance(leaf, _PINNED) and all(_pinned(nodes, path) for path in found):
                 plan.append(("constant", leaf))
-            elif id(leaf) in arguments:  # an argument (or an object in one) is the call's own, not the recorded call's
-                plan.append(("argument", arguments[id(leaf)]))
+            elif isinstance(leaf, _PINNED):
+                return f"the draft returns {_source(found[0])} = {leaf!r}, an argument its guards do not pin (passed through)"
             else:
-                return None
+                return (f"the draft returns a {type(leaf).__name__} that is neither a graph output nor an argument (or in one): "
+                        "a tensor made outside the graph, or an object from elsewhere")
         return plan, spec
 
     def matches(self, f_locals: dict[str, Any], explain: bool = False) -> bool:
@@ -238,8 +263,8 @@ class Replay:
     def run(self, f_locals: dict[str, Any], clone: bool) -> Any:
         sources = [fetch(f_locals) for fetch in self.fetchers]
         in_place = self.recorder.reads_in_place(sources)
-        if not in_place and self.check_arguments is not None:
-            self.check_arguments(sources)  # held inputs at their recorded addresses were checked when recorded
+        if not in_place and self.check_arguments is not None:  # held inputs at their recorded addresses were checked when recorded
+            self.check_arguments(sources, [index for index, _ in self.recorder.copies])
         outputs = self.recorder.replay_for_caller(sources, self.graph_leaves if clone else (), in_place)
         if self.only_graph is not None:
             return tuple([outputs[i] for i in self.only_graph])
