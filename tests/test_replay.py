@@ -410,6 +410,32 @@ def test_a_written_buffer_passed_as_a_new_view_each_call_replays():
         step(torch.randn(3, 16), buf[1:4])  # other memory
 
 
+def test_a_plain_tensor_attribute_replaced_each_call_is_read_per_call():
+    # Medusa-style: `model.medusa_mask = mask` every step. Dynamo marks a module's plain tensor attribute
+    # static; draftfuse guarded its identity as a weight's, so each new mask compiled again (RecompileError
+    # at the fifth), where torch.compile compiles once.
+    class Heads(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.proj = nn.Linear(16, 32)
+            self.mask = torch.zeros(3, 16)
+
+        def forward(self, x):
+            return torch.softmax(self.proj(x + self.mask), -1).topk(2, -1).indices
+
+    model = Heads().requires_grad_(False)
+    compiled = draftfuse.draft_loop(model)
+    for i in range(8):
+        model.mask = torch.randn(3, 16)
+        x = torch.randn(3, 16)
+        assert torch.equal(compiled(x), model(x)), f"call {i}"
+    assert len(compiled.compiles) == 1 and compiled._replays
+    calls = recorder_calls(compiled)
+    model.mask = torch.randn(3, 16)
+    compiled(x)
+    assert recorder_calls(compiled) == calls, "replayed without Dynamo"
+
+
 def test_a_draft_with_a_side_effect_stays_on_the_dynamo_path():
     class Recorder(nn.Module):
         def forward(self, x):

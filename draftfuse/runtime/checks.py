@@ -24,7 +24,7 @@ import torch
 from torch.fx.experimental.symbolic_shapes import free_symbols
 
 from draftfuse.graph.effects import Effects, defines_unbacked_symbols
-from draftfuse.graph.values import Node, fake, fake_tensor, input_name, is_python_number, user_location
+from draftfuse.graph.values import Node, fake, fake_tensor, input_name, is_python_number, source_name, user_location
 from draftfuse.runtime.errors import CudagraphSkipError, DraftCaptureError, HostSyncError, first_line
 
 _HOST_READ_METHODS = {"item", "tolist", "cpu", "numpy", "nonzero"}
@@ -143,6 +143,12 @@ def written_inputs(gm: torch.fx.GraphModule) -> list[WrittenInput]:
 def is_static(placeholder: Node) -> bool:
     """A parameter, a buffer, or a tensor marked static: CUDA graphs read it where it is."""
     return bool(placeholder.meta.get("tensor_dict", {}).get("_dynamo_static_input_type"))
+
+
+def is_parameter_or_buffer(placeholder: Node) -> bool:
+    """A module's parameter or registered buffer, by its Dynamo source. Dynamo also marks a module's plain
+    tensor attributes static, which callers replace (Medusa's mask each step): those are read per call."""
+    return re.search(r"\._(parameters|buffers)\[", source_name(placeholder._dynamo_source)) is not None
 
 
 def make_static(gm: torch.fx.GraphModule, example_inputs: list[Any], written: WrittenInput) -> None:

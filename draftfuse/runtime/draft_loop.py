@@ -246,7 +246,9 @@ class DraftLoop:
         with torch.no_grad():  # as the call ran; Dynamo ran the first entry whose guards pass
             entry = next((e for e in _debug_get_cache_entry_list(self._code_fn.__code__) if _passes(e, f_locals)), None)
         if entry is None:  # own_code gives the draft a frame of its own: should torch.compile still run it inside another
-            warn_no_fast_replay("Dynamo's compiled code for this call is not on the draft's own code (torch.compile ran it inside a wrapper frame)")
+            warn_no_fast_replay("no compiled entry of the draft's code passes its guards for this call's arguments as they are after "
+                                "the call (the draft changed what they read: an argument or attribute it mutates), or torch.compile "
+                                "ran the draft inside a wrapper frame")
             return
         replay = Replay.build(entry, recorder, placeholders, f_locals, out)
         if replay is not None:
@@ -302,8 +304,10 @@ class DraftLoop:
         if not own_graph:
             return compiled
         placeholders = prepared.graph_module.graph.find_nodes(op="placeholder")
-        static = [checks.is_static(p) for p in placeholders]
-        recorder = GraphRecorder(compiled, static, {item.index for item in written}, device, spares=0 if self._zero_copy else options.spare_recordings)
+        written_at = {item.index for item in written}
+        # read where they are: weights, buffers and written inputs (a plain tensor attribute is read per call)
+        static = [checks.is_static(p) and (i in written_at or checks.is_parameter_or_buffer(p)) for i, p in enumerate(placeholders)]
+        recorder = GraphRecorder(compiled, static, written_at, device, spares=0 if self._zero_copy else options.spare_recordings)
         self._recorders.append((recorder, placeholders))
         return _translating_capture_errors(recorder)
 
