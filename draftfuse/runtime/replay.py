@@ -119,8 +119,8 @@ def _static_check(statics: list[tuple[str, torch.Tensor, bool]]) -> Callable[[di
     sources are Dynamo's, checked by `_fetcher` to evaluate over the call's locals."""
     if not statics:
         return lambda f_locals: True
-    terms = " and ".join(f"({name}).data_ptr() == V[{i}].data_ptr()" if pinned else f"({name}) is V[{i}]"
-                         for i, (name, _, pinned) in enumerate(statics))  # fmt: skip
+    terms = " and ".join(f"({name}).data_ptr() == {value.data_ptr()}" if pinned else f"({name}) is V[{i}]"
+                         for i, (name, value, pinned) in enumerate(statics))  # fmt: skip
     return eval(compile(f"lambda L: {terms}", "<draftfuse static input check>", "eval"), {"V": [v for _, v, _ in statics]})
 
 
