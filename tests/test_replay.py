@@ -241,6 +241,16 @@ def test_a_returned_argument_tensor_is_the_argument_on_every_path():
     for call in range(4):  # through Dynamo (compile, warm-up, record), then replayed
         _, returned = step(torch.ones(4), caches)
         assert returned is caches[0], f"call {call}"
+
+    @draftfuse.draft_loop
+    def whole(x, caches):
+        caches[0].add_(x)
+        return x * 2, caches
+
+    for call in range(4):
+        listed = list(caches)  # a new list of the same caches each call
+        _, returned = whole(torch.ones(4), listed)
+        assert returned is listed, f"call {call}: the caller's own list, as eager returns it"
     assert step._replays
 
 

@@ -54,7 +54,7 @@ from collections.abc import Callable
 from typing import Any
 
 import torch
-from torch.utils._pytree import tree_map_only
+from torch.utils._pytree import tree_map
 
 from draftfuse.graph.values import user_frame, user_location
 from draftfuse.options import Options
@@ -213,8 +213,9 @@ class DraftLoop:
         self._record_replay(args, kwargs, out)
         if self._zero_copy:
             return out
-        inputs = {id(t) for _, t in argument_leaves({**dict(enumerate(args)), **kwargs})}  # as Replay.run passes them
-        return tree_map_only(torch.Tensor, lambda t: t if id(t) in inputs else t.clone(), out)
+        arguments = {id(v) for _, v in argument_leaves({**dict(enumerate(args)), **kwargs}, object)}  # as Replay.run passes them
+        return tree_map(lambda t: t.clone() if isinstance(t, torch.Tensor) and id(t) not in arguments else t, out,
+                        is_leaf=lambda x: isinstance(x, (list, tuple, dict)) and id(x) in arguments)
 
     def _record_replay(self, args: tuple, kwargs: dict, out: Any) -> None:
         """After a call through Dynamo, record it as a Replay where that is sound (replay.py)."""

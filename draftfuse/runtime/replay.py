@@ -220,7 +220,8 @@ class Replay:
         paths: dict[int, list[tuple]] = {}
         for path, value in argument_leaves(f_locals, object):
             paths.setdefault(id(value), []).append(path)
-        leaves, spec = tree_flatten(output)
+        # a container that is an argument stays one leaf: the call's own list, not a new one
+        leaves, spec = tree_flatten(output, is_leaf=lambda x: isinstance(x, (list, tuple, dict)) and id(x) in paths)
         plan = []
         for leaf in leaves:
             found = paths.get(id(leaf), [])
