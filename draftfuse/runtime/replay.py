@@ -10,15 +10,18 @@ parts:
     second call, replayed from then on, its outputs handed out from spare recordings (see there).
   * `Replay` is a recorded call that bypasses Dynamo: it checks Dynamo's own guards for the compiled
     frame (C++: argument shapes, dtypes, devices, the Python values the draft specialised on, module
-    attributes, grad mode), plus an identity guard added to that guard tree for every static tensor
-    (a replaced weight or KV cache fails it) and the data pointers of those tensors (one C-level map,
-    for `p.data = ...`); then hands the call's non-static tensors to the recorder (read in place, or
-    copied into its static buffers), replays (a free spare when outputs are the caller's), and rebuilds
-    the return value from the graph's outputs as Dynamo's code did.
+    attributes, grad mode), plus an identity guard added to that guard tree for every weight and buffer
+    (a replaced one fails it), the address of every KV cache the draft writes (a new view of the same
+    memory is the same input; other memory fails), and the data pointers of the tensors read in place
+    (one C-level map, for `p.data = ...`); then hands the call's other tensors to the recorder (read in
+    place, or copied into its static buffers), replays (a free spare when outputs are the caller's), and
+    rebuilds the return value as Dynamo's code did: graph outputs, the call's own arguments (objects and
+    containers returned as they are), and constants.
 A Replay is built only where it is sound: Dynamo's code for the frame must do nothing but call the
 graph (no attribute or item stores, no other calls: a side effect would be skipped), every non-static
 graph input must be found from the call's arguments by its Dynamo source, and every returned value
-must be a graph output, an argument, or a constant the guards pin. Anything else keeps the draft on
+must be a graph output, an argument, or a Python constant the guards pin (one passed through from an
+argument that no guard holds is not: Dynamo returns it as it comes). Anything else keeps the draft on
 the Dynamo path, which is always correct. When any guard fails, the call takes the Dynamo path, which
 recompiles (or raises RecompileError past max_compiles) and records a new Replay.
 """
