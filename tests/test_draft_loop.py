@@ -129,3 +129,22 @@ def test_bare_and_with_arguments():
     assert configured._options.mode == "default" and configured._options.probs == "ones"
     with pytest.raises(ValueError, match="unknown option 'prob'"):
         draft_loop(options={"prob": "ones"})(draft)  # at decoration, not at the first call
+
+
+def test_dynamic_shapes_with_float_symbols_compile():
+    # Under dynamic=True Dynamo makes symbols of Python floats (an argument, nn.Embedding's norm_type):
+    # the proofs' int64 bound on every ShapeEnv symbol asserted on them (an InductorError on the first call)
+    embed = torch.nn.Embedding(8, 8)
+
+    def f(tokens, temperature: float):
+        probs, index = torch.softmax(embed(tokens) / temperature, -1).topk(1, -1)
+        return index, probs
+
+    compiled = draft_loop(f, dynamic=True)
+    with warnings.catch_warnings(), torch.no_grad():
+        warnings.simplefilter("ignore")
+        for tokens, temperature in [([1, 2], 0.7), ([1, 2, 3], 0.7), ([4], 0.9)]:
+            tokens = torch.tensor(tokens)
+            got, want = compiled(tokens, temperature), f(tokens, temperature)
+            assert torch.equal(got[0], want[0])
+            torch.testing.assert_close(got[1], want[1])

@@ -96,9 +96,11 @@ class Expressions:
         shape_envs = {getattr(getattr(fake(n), "fake_mode", None), "shape_env", None) for n in graph.nodes}
         shape_envs |= {fake(n).node.shape_env for n in graph.nodes if isinstance(fake(n), torch.SymInt)}
         for shape_env in shape_envs - {None}:
-            # Sizes and symbolic scalars are int64 in torch: a fact the ShapeEnv leaves unbounded.
-            self.ranges.update({s: r & INT64 for s, r in shape_env.var_to_range.items()})
-            self.narrowed.update(shape_env.var_to_range)
+            # Sizes and symbolic scalars are int64 in torch: a fact the ShapeEnv leaves unbounded. A float
+            # symbol (a Python float under dynamic=True, nn.Embedding's norm_type) is no integer: left out.
+            ints = {s: r for s, r in shape_env.var_to_range.items() if not r.is_float}
+            self.ranges.update({s: r & INT64 for s, r in ints.items()})
+            self.narrowed.update(ints)
 
     def of(self, node: Node) -> sympy.Expr | None:
         """The node's value at each element; None if it is not an integer."""
