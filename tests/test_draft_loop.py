@@ -148,3 +148,22 @@ def test_dynamic_shapes_with_float_symbols_compile():
             got, want = compiled(tokens, temperature), f(tokens, temperature)
             assert torch.equal(got[0], want[0])
             torch.testing.assert_close(got[1], want[1])
+
+
+def test_a_draft_called_inside_another_is_traced_there():
+    # a draft worker's step calling another draft (a head, a sampler) compiles as one region
+    inner = draft_loop(lambda x: torch.softmax(x, -1).topk(2, -1))
+
+    def outer_fn(x):
+        probs, index = inner(x * 2)
+        return index, probs
+
+    outer = draft_loop(outer_fn)
+    x = torch.randn(3, 8)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        for _ in range(4):
+            got = outer(x)
+    want = torch.softmax(x * 2, -1).topk(2, -1)
+    assert torch.equal(got[0], want.indices) and torch.allclose(got[1], want.values)
+    assert outer._replays and len(outer.compiles) == 1 and not inner.compiles

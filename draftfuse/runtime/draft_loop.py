@@ -170,6 +170,8 @@ class DraftLoop:
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         if self._instance is not None:
             args = (self._instance, *args)
+        if torch.compiler.is_compiling():  # called inside another compiled region (a draft in a draft): traced there
+            return self._fn(*args, **kwargs)
         f_locals = self._bind(args, kwargs) if self._replays else None
         if f_locals is not None:
             explain = log.isEnabledFor(logging.DEBUG)
