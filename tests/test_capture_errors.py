@@ -63,6 +63,20 @@ def test_branch_on_tensor_value_is_a_graph_break():
     assert "graph break" in error.cause and error.fix
 
 
+def _checked_batch(tokens, hidden):
+    assert tokens.shape[0] == hidden.shape[0], "batch mismatch"  # <- assert
+    return torch.softmax(hidden, -1).topk(1, -1)
+
+
+def test_an_assert_on_the_arguments_that_fails_says_so():
+    # it was a HostSyncError saying a device value was read on the host, with a padding fix
+    draft = draft_loop(_checked_batch)
+    draft(torch.zeros(2, dtype=torch.long), torch.randn(2, 8))
+    error = _raises(GraphBreakError, draft, torch.zeros(3, dtype=torch.long), torch.randn(2, 8))
+    assert error.where == _line("assert")
+    assert "an `assert` in the draft fails for this call's arguments" in error.cause and "torch._assert_async" in error.fix
+
+
 def test_untraceable_call_is_a_graph_break():
     error = _raises(GraphBreakError, draft_loop(_untraceable_call), torch.randn(4))
     assert error.where == _line("untraceable")

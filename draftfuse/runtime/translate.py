@@ -41,6 +41,13 @@ def _classify(title: str, explanation: str, where: str, first_host_read: str = "
     """The error for a graph break or tracing failure described by Dynamo's title and explanation."""
     title = _CONFIG_ADVICE.sub("", title).strip()  # "... call with capture_scalar_outputs=False": not a fix for a draft
     text = f"{title} {explanation}"
+    if re.search(r"assertion failed", title, re.I):  # "Data-dependent assertion failed", "Assertion failed on symbolic shapes"
+        return GraphBreakError(
+            "an `assert` in the draft fails for this call's arguments when traced (their shapes or Python values: "
+            "eager raises AssertionError there too), or its condition reads a device value",
+            where=where,
+            fix="check the arguments before calling the draft, or assert on tensors inside it with torch._assert_async",
+        )
     if _BRANCH.search(title):
         fix = "compute both sides and pick with torch.where (or use torch.cond): a draft must not decide on the host"
         return GraphBreakError(f"graph break: {title}" + (f" ({explanation})" if explanation else ""), where=where, fix=fix)
