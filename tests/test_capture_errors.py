@@ -69,12 +69,14 @@ def _checked_batch(tokens, hidden):
 
 
 def test_an_assert_on_the_arguments_that_fails_says_so():
-    # it was a HostSyncError saying a device value was read on the host, with a padding fix
+    # it was a HostSyncError saying a device value was read on the host, with a padding fix (pytest rewrites
+    # this file's asserts into raises, which Dynamo reports as an observed exception: both are named so)
     draft = draft_loop(_checked_batch)
     draft(torch.zeros(2, dtype=torch.long), torch.randn(2, 8))
     error = _raises(GraphBreakError, draft, torch.zeros(3, dtype=torch.long), torch.randn(2, 8))
     assert error.where == _line("assert")
-    assert "an `assert` in the draft fails for this call's arguments" in error.cause and "torch._assert_async" in error.fix
+    assert "an `assert` (or a `raise`) in the draft fails for this call's arguments" in error.cause
+    assert "torch._assert_async" in error.fix
 
 
 def test_untraceable_call_is_a_graph_break():

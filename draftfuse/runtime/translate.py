@@ -41,10 +41,11 @@ def _classify(title: str, explanation: str, where: str, first_host_read: str = "
     """The error for a graph break or tracing failure described by Dynamo's title and explanation."""
     title = _CONFIG_ADVICE.sub("", title).strip()  # "... call with capture_scalar_outputs=False": not a fix for a draft
     text = f"{title} {explanation}"
-    if re.search(r"assertion failed", title, re.I):  # "Data-dependent assertion failed", "Assertion failed on symbolic shapes"
+    # "Data-dependent assertion failed", "Assertion failed on symbolic shapes"; "Observed exception": a raise
+    if re.search(r"assertion failed|observed exception", title, re.I):
         return GraphBreakError(
-            "an `assert` in the draft fails for this call's arguments when traced (their shapes or Python values: "
-            "eager raises AssertionError there too), or its condition reads a device value",
+            "an `assert` (or a `raise`) in the draft fails for this call's arguments when traced (their shapes or "
+            "Python values: eager raises there too), or its condition reads a device value",
             where=where,
             fix="check the arguments before calling the draft, or assert on tensors inside it with torch._assert_async",
         )
