@@ -64,13 +64,14 @@ def test_branch_on_tensor_value_is_a_graph_break():
 
 
 def _checked_batch(tokens, hidden):
-    assert tokens.shape[0] == hidden.shape[0], "batch mismatch"  # <- assert
+    if tokens.shape[0] != hidden.shape[0]:  # (not an assert: pytest would rewrite it, and Dynamo trace pytest's formatting)
+        raise AssertionError("batch mismatch")  # <- assert
     return torch.softmax(hidden, -1).topk(1, -1)
 
 
 def test_an_assert_on_the_arguments_that_fails_says_so():
-    # it was a HostSyncError saying a device value was read on the host, with a padding fix (pytest rewrites
-    # this file's asserts into raises, which Dynamo reports as an observed exception: both are named so)
+    # a plain `assert` was a HostSyncError saying a device value was read on the host, with a padding fix, and
+    # a raise a generic graph break (Dynamo's "Observed exception"): both are named so now
     draft = draft_loop(_checked_batch)
     draft(torch.zeros(2, dtype=torch.long), torch.randn(2, 8))
     error = _raises(GraphBreakError, draft, torch.zeros(3, dtype=torch.long), torch.randn(2, 8))

@@ -10,7 +10,9 @@ on the device, a padded static size, or the work moved after the draft.
 
 from __future__ import annotations
 
+import os
 import re
+import sysconfig
 from typing import Any
 
 import torch
@@ -29,8 +31,12 @@ _CONFIG_ADVICE = re.compile(r"\s*\(?\b(with|set|setting)?\s*(torch\._dynamo\.con
 _BRANCH = re.compile(r"branch|jump|if statement|control flow", re.I)
 
 
+_NOT_USER_CODE = (os.path.dirname(torch.__file__), sysconfig.get_paths()["stdlib"])
+
+
 def _location(exc: BaseException) -> str:
-    stack = getattr(exc, "real_stack", None)
+    # the innermost frame of the user's code (torch 2.11 ends some stacks in a Dynamo polyfill or the stdlib)
+    stack = [frame for frame in getattr(exc, "real_stack", None) or () if not frame.filename.startswith(_NOT_USER_CODE)]
     if stack:
         return f"{stack[-1].filename}:{stack[-1].lineno}"
     matches = re.findall(r'File "([^"]+)", line (\d+)', str(exc))
