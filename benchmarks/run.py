@@ -31,14 +31,19 @@ import argparse
 import contextlib
 import datetime
 import gc
+import os
 import sys
 import time
 import warnings
 from collections.abc import Iterator
 from pathlib import Path
 
-import torch
-from torch._inductor.utils import fresh_cache
+# Launch counts come from torch.profiler; without this, CUPTI stays attached after each profiling session
+# and every later call's host time grows (3x for a graph replay on the H200: notes/cupti_probe.py).
+os.environ.setdefault("TEARDOWN_CUPTI", "1")
+
+import torch  # noqa: E402
+from torch._inductor.utils import fresh_cache  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))  # draftfuse and benchmarks from this checkout: nothing needs installing

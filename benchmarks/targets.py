@@ -47,10 +47,10 @@ REASONS: dict[tuple[str, str | None], str] = {
         "one-warp programs keep ~2 KB in flight, so 8-10 MB rows read below copy bandwidth (notes/kernels.md)"
     ),
     ("sel_k", None): (
-        "latency on the merge path: programs that read the shared per-row bound before the others wrote it "
-        "run 2-3 merge rounds (a one-warp sort each, 0.5-1 µs) plus atomic round trips (notes/kernels.md)"
+        "latency: 4.5-6.5 µs over k = 1 at batch 1, a chain of atomic round trips (slots, floor, candidates, "
+        "count) and one merge round; not registers (notes/kernels.md)"
     ),
-    ("sel_speedup", None): "the same merge latency: at batch <= 64 softmax+topk is 50-150 µs, draftfuse 9-25 µs",
+    ("sel_speedup", None): "the same fixed latency: at batch <= 64 softmax+topk is 55-200 µs, draftfuse 8-30 µs",
     ("baseline", None): "within the run-to-run spread of the median (about 1-2 %)",
     ("tp_speedup", None): "not measured: the 2-GPU machine stopped being lent after this session's first call",
     ("tp_batch1", None): "not measured: the 2-GPU machine stopped being lent after this session's first call",

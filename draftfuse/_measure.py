@@ -22,6 +22,7 @@ from __future__ import annotations
 import bisect
 import dataclasses
 import math
+import os
 import time
 import traceback
 from collections.abc import Callable, Hashable
@@ -281,7 +282,13 @@ def count_launches(
     torch.profiler trace in which each runs `per_call` times inside its own labelled range. A launch event
     whose name starts with one of `graph_names` / `kernel_names` counts for the range it starts in, unless
     it starts inside another launch event (a runtime launch calls the driver's: counted once). Kernels
-    replayed inside a CUDA graph are not launched one by one: the graph's launch stands for them."""
+    replayed inside a CUDA graph are not launched one by one: the graph's launch stands for them.
+
+    Kineto keeps CUPTI attached after a profiling session unless TEARDOWN_CUPTI=1, and every launch
+    after it pays for that: on an H200 (torch 2.11, CUDA 13) a graph replay's host time went from 6 to
+    19 µs for the rest of the process (notes/cupti_probe.py). So it is set to 1 here, unless set, before the
+    profiler starts; benchmarks/run.py sets it before importing torch, the setting that probe measured."""
+    os.environ.setdefault("TEARDOWN_CUPTI", "1")
     labels = {f"draftfuse.measure:{index}": name for index, name in enumerate(calls)}
     activities = [torch.profiler.ProfilerActivity.CPU]
     if torch.cuda.is_available():

@@ -1,7 +1,9 @@
 """Where the selection kernel's time goes for k > 1 (notes/kernels.md, wave 2, after GPU call 2): the
 same points timed with stages left out, each variant in a process of its own (its own Triton cache, so
 that no kernel compiled for one variant serves another). Results are wrong in every variant but "base";
-only the times matter, and the differences between variants place the time:
+only the times matter, and the differences between variants place the time. (Written for the kernel
+before k > 1's candidates were appended instead of merged in each program; with today's kernel
+"no-rounds" only leaves out the last program's round and the rare overflow path.)
 
   base        the kernel as committed
   no-rounds   _insert does nothing: no merge round, in the programs or in the row's last program (each

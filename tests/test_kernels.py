@@ -137,6 +137,17 @@ def run_interpreter_cases(dtype: torch.dtype) -> list[str]:
             if problem := check_selection(logits, k, False, prob, index, s):
                 failures.append(f"{dtype}, 3-d logits, k={k}: {problem}")
     if dtype == torch.bfloat16:
+        # k > 1 with room for only 32 candidates a row: most programs keep some of theirs (the merge
+        # reads both); random rows (few past the floor) and special ones (all-equal, all -inf: all past)
+        g = torch.Generator().manual_seed(3)
+        for name, logits, k in (
+            ("random-b3-v9000-k16", torch.randn(3, 9000, generator=g).to(dtype), 16),
+            ("special-v3000-k5", special_rows(3000, dtype), 5),
+        ):
+            prob, index = torch.empty(logits.shape[0], k), torch.empty(logits.shape[0], k, dtype=torch.int64)
+            kernels.launch_selection(logits, k, False, prob, index, splits=4, candidates=32)
+            if problem := check_selection(logits, k, False, prob, index):
+                failures.append(f"{dtype}, {name}, 32 candidates: {problem}")
         # a per-call workspace (what a CUDA-graph capture without the shared one fills and uses)
         logits = special_rows(1000, dtype)
         prob, index = torch.empty(10, 4), torch.empty(10, 4, dtype=torch.int64)
@@ -320,11 +331,14 @@ def test_cuda_kernels_match_reference(dtype_name, k, scaled):
 
 
 @pytest.mark.cuda
-@pytest.mark.parametrize("tile", [(512, 24, False), (2048, 8, True), (1024, 4, True), (1024, 32, False)], ids=str)
+@pytest.mark.parametrize(
+    "tile", [(512, 24, False, 32), (2048, 8, True, None), (1024, 4, True, 64), (1024, 32, False, 256)], ids=str
+)
 def test_cuda_other_tilings(tile):
-    """The tiling is a tuning choice (benchmarks/selection.py --tile): results must not depend on it."""
+    """The tiling is a tuning choice (benchmarks/selection.py --tile): results must not depend on it; nor
+    on a row's room for k > 1's candidates (32: programs keep their own often)."""
     kernels = _selection._triton_selection()
-    block, programs_per_sm, pdl = tile
+    block, programs_per_sm, pdl, candidates = tile
     for dtype in DTYPES.values():
         for x in (special_rows(4099, dtype, "cuda"), torch.randn(64, 151936, device="cuda").mul_(4).to(dtype)):
             for k in (1, 4, 16):
@@ -332,7 +346,8 @@ def test_cuda_other_tilings(tile):
                     prob = torch.empty(x.shape[0], k, device="cuda")
                     index = torch.empty(x.shape[0], k, device="cuda", dtype=torch.int64)
                     kernels.launch_selection(
-                        x, k, False, prob, index, scale, block=block, programs_per_sm=programs_per_sm, pdl=pdl
+                        x, k, False, prob, index, scale, block=block, programs_per_sm=programs_per_sm, pdl=pdl,
+                        candidates=candidates,
                     )
                     problem = check_selection(x, k, False, prob, index, scale)
                     assert not problem, (dtype, x.shape, k, scale is not None, problem)

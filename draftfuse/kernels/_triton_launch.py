@@ -13,7 +13,7 @@ from draftfuse.kernels._triton_selection import (  # noqa: F401  (the tuning con
     _WS_COLS,
     _INT32_MIN,
     _MAX_SPLITS,
-    _MERGE_KEYS,
+    _CANDIDATES,
     _PROGRAMS_PER_SM,
     _BLOCK,
     _PDL,
@@ -93,8 +93,8 @@ def _sm_count(device: torch.device) -> int:
 
 
 def _most_splits(k: int) -> int:
-    """Chunks a row may be split into: k > 1 merges k keys of each in the last program."""
-    return _MAX_SPLITS if k == 1 else min(_MAX_SPLITS, _MERGE_KEYS // k)
+    """Chunks a row may be split into (the last program reads each one's max and sum at once)."""
+    return _MAX_SPLITS
 
 
 def max_vocab(k: int) -> int:
@@ -156,12 +156,14 @@ def launch_selection(
     pdl: bool | None = None,
     maxnreg: int | None = None,
     workspace: torch.Tensor | None = None,
+    candidates: int | None = None,
 ):
     """Top-k of each row of `logits` ([rows, vocab], last dim contiguous) into `prob` (float32) and
     `index` (int64), each holding rows * k contiguous elements, row-major. `scale`: None, or float32
     with one element per row (rows elements) or one for all (1 element): y = logits * scale.
     One kernel launch; scratch sized by shapes only, so it can be captured in a CUDA graph. The
-    keywords override the tiling heuristics (tests and the benchmark's tuning use them). Returns
+    keywords override the tiling heuristics (tests and the benchmark's tuning use them; `candidates`, a
+    power of two >= 32, is a row's room for k > 1's candidates before the programs keep their own). Returns
     Triton's compiled kernel (its n_regs, n_spills), None for no rows."""
     rows, vocab = logits.shape
     if rows == 0:
@@ -182,7 +184,8 @@ def launch_selection(
         programs_per_sm = min(programs_per_sm, fit)
     splits, chunk, block = plan(rows, vocab, k, device, splits=splits, block=block, programs_per_sm=programs_per_sm)
     part = torch.empty((rows, 2, splits), dtype=torch.float32, device=device)
-    keys = torch.empty((rows, k, splits), dtype=torch.int64, device=device)
+    cand = (candidates or _CANDIDATES) if k > 1 else 0
+    keys = torch.empty((rows, cand + k * splits), dtype=torch.int64, device=device)
     ws = workspace if workspace is not None else _workspace(device, rows)
     if scale is None:
         scale_arg, scale_stride = part, 0  # never read
@@ -194,11 +197,10 @@ def launch_selection(
     options = {"enable_fp_fusion": False, **({"launch_pdl": True} if pdl else {})} if cuda else {}
     if maxnreg:
         options["maxnreg"] = maxnreg
-    most = _most_splits(k)
     kernel = _selection_kernel[(rows, splits)](
         logits, logits.stride(0), vocab, chunk, splits, scale_arg, scale_stride,
         part, keys, ws, prob, index, int(log),
-        K=k, BLOCK=block, V=16 // logits.element_size(), MERGE_KEYS=max(64, triton.next_power_of_2(k * most)),
+        K=k, BLOCK=block, V=16 // logits.element_size(), CAND=cand,
         HAS_SCALE=scale is not None, GPU=cuda, PDL=pdl, SORT=sort, num_warps=1, **options,
     )
     if fit is None and getattr(kernel, "n_regs", 0):  # the first launch of this kernel: note its occupancy

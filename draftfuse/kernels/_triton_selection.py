@@ -16,15 +16,22 @@ Pass 1 (every program) streams its chunk tile by tile: the running max m and sum
     below: elements under it can't be in the top k. A slot is the max over ~vocab/32 elements, so
     this floor lands near the row's true k-th value once the row's programs have published.
 Pass 2 (k > 1) reads the floor and re-reads only the tiles whose max reaches it (usually none or
-one, from L1/L2), collecting the elements at or above it into the program's top k: each round takes
-every lane's best remaining candidate at once and merges them into a sorted top list (a 64-wide
-bitonic sort in one warp, ~770 SASS instructions), so a round costs the same for one candidate or 32;
-the programs that read the slots before the others have published do 2-3 rounds, most none.
-Measured on an H200 (notes/kernels.md, wave 2): k = 1 reads bf16 32 x 128256 in 6.4 us, k = 16 at
-batch 1 takes 13-18 us, most of it in those rounds and the atomics' round trips.
-Merge: each program writes its (m, sum) and best keys, then counts itself in with an atomic on a
-per-row counter; the row's last program (a release/acquire pair orders the others' writes before
-its reads) merges the partials, writes index and probability, and resets the counter and slots.
+one, from L1/L2), and appends the elements at or above it to the row's candidates: one atomic add on
+a per-row count reserves their places (each element's place from an in-thread count plus one warp
+scan), so a program does no merging at all. The floor it read is at most the final one (slots only
+grow), so every element of the row's top k is appended. When a row's room (_CANDIDATES keys) runs
+out, which takes more than that many elements tied at or above the floor (all-equal or all -inf
+rows), each program keeps its best k of what didn't fit in registers, by merge rounds (each round
+takes every lane's best remaining candidate and merges them into a sorted top list with a 64-wide
+bitonic sort in one warp), and writes them to a [k, splits] area after the candidates.
+Merge: each program writes its (m, sum) (and for k = 1 its best key), then counts itself in with an
+atomic on a per-row counter; the row's last program (a release/acquire pair orders the others' writes
+before its reads) merges the partials, writes index and probability, and resets the counters and
+slots. For k > 1 it reads the final floor and the candidates (loaded before their count is known),
+drops those under the floor and merges the rest by rounds: one round while no lane holds two, so
+typically one; the [k, splits] area too when the room ran out.
+Measured on an H200 (notes/kernels.md, wave 2): k = 1 reads bf16 32 x 128256 in 8 us, k = 4 and k = 16
+at batch 1 take 8-13 us: a chain of atomic round trips more than k = 1, whatever k is.
 
 The counter and slots live in a per-stream workspace (`_workspace`) that every launch leaves as it
 found it (all INT32_MIN), so a call needs no fill kernel; it is created outside CUDA-graph capture
@@ -43,8 +50,8 @@ one integer max picks the larger value and, on ties, the lower index. Probabilit
 exp(y - max) / sum(exp(y - max)) (log: y - max - log(sum)); a row whose max of y is NaN or +-inf
 gets NaN probabilities, as the float32 softmax gives.
 
-Limits: k <= 16, vocab < 2**31, at most _MAX_TILES tiles per chunk and (k > 1) k * chunks <=
-_MERGE_KEYS, fp32/fp16/bf16 logits with a contiguous last dim.
+Limits: k <= 16, vocab < 2**31, at most _MAX_TILES tiles per chunk, fp32/fp16/bf16 logits with a
+contiguous last dim.
 """
 
 import triton
@@ -60,8 +67,8 @@ _MAX_SPLITS = 128
 _MERGE_SPLITS = tl.constexpr(_MAX_SPLITS)  # the last program reads (max, sum) of all chunks at once
 
 _INT32_MIN = -(2**31)
-_WS_COLS = tl.constexpr(64)  # workspace columns per row: [0] arrival counter, [32:64] the row's slots (k > 1)
-_MERGE_KEYS = 1024  # k > 1: the last program merges k * splits <= this many keys
+_WS_COLS = tl.constexpr(64)  # workspace columns per row: [0] arrival counter, [1] candidates (k > 1), [32:64] slots (k > 1)
+_CANDIDATES = 256  # k > 1: a row's room for candidates (a power of two >= 32)
 
 # 512 elements per tile (16 per lane, as 16-byte vectors; the next tile's loads issued before this
 # tile's math) for every dtype, and one-warp programs aimed for per SM by (element size, k == 1,
@@ -246,7 +253,7 @@ def _stream_tile(
 def _selection_kernel(
     logits_ptr, row_stride, vocab, chunk, splits, scale_ptr, scale_stride,
     part_ptr, key_ptr, ws_ptr, prob_ptr, index_ptr, log,
-    K: tl.constexpr, BLOCK: tl.constexpr, V: tl.constexpr, MERGE_KEYS: tl.constexpr,
+    K: tl.constexpr, BLOCK: tl.constexpr, V: tl.constexpr, CAND: tl.constexpr,
     HAS_SCALE: tl.constexpr, GPU: tl.constexpr, PDL: tl.constexpr, SORT: tl.constexpr,
 ):
     # GPU: compiled for a GPU (PTX exp), not run by Triton's interpreter; SORT: merge top lists by
@@ -313,13 +320,14 @@ def _selection_kernel(
     if K == 1:
         tl.store(key_ptr + row.to(tl.int64) * splits + split, _pack(_order_key(best_u), best_i))
     else:
-        # Pass 2: the floor from the slots (an atomic read: the other programs' latest), then only
-        # the tiles whose max reaches it.
+        # Pass 2: the floor from the slots (an atomic read: the other programs' latest), then only the
+        # tiles whose max reaches it; their elements at or above it are appended to the row's candidates.
         if publish:
             slot_keys = tl.atomic_max(slots_ptr + lanes, _NO_KEY, sem="relaxed")
         else:
             slot_keys = own
         floor = _kth_largest(slot_keys, K)
+        key_row = key_ptr + row.to(tl.int64) * (CAND + K * splits)
         top = tl.full([32], _EMPTY, tl.int64)
         kth = tl.full([], _EMPTY, tl.int64)
         tiles = tl.arange(0, _MAX_TILES)
@@ -337,27 +345,53 @@ def _selection_kernel(
             else:
                 y_key = _order_key(x)
                 u = x
-            cand = tl.where(valid & (y_key >= floor), _pack(_order_key(u), offs), _EMPTY)
-            top, kth = _insert(cand, top, kth, K, SORT)
-        key_row = key_ptr + row.to(tl.int64) * K * splits
-        tl.store(key_row + lanes * splits + split, top, mask=lanes < K)  # slot-major: [K, splits]
+            hit = valid & (y_key >= floor)
+            at, n = _positions(hit)
+            if n > 0:
+                at += tl.atomic_add(ws_row + 1, n, sem="relaxed") - _NO_KEY
+                keys = _pack(_order_key(u), offs)
+                tl.store(key_row + at, keys, mask=hit & (at < CAND))
+                # past the row's capacity: this program's best K of what didn't fit, kept in registers
+                missed = hit & (at >= CAND)
+                if _max3(missed.to(tl.int32)) > 0:
+                    top, kth = _insert(tl.where(missed, keys, _EMPTY), top, kth, K, SORT)
+        # [K, splits] slot-major after the candidates: _EMPTY unless some of this program's didn't fit
+        tl.store(key_row + CAND + lanes * splits + split, top, mask=lanes < K)
 
     part_row = part_ptr + row.to(tl.int64) * 2 * splits
     tl.store(part_row + split, row_max)
     tl.store(part_row + splits + split, row_sum)
+    tl.debug_barrier()  # every lane's writes above before the release (or, one program a row, the merge's reads)
     last = splits == 1
     if splits > 1:
-        # every lane's writes above, then one release: the row's last program sees all of them
-        tl.debug_barrier()
+        # one release: the row's last program sees every program's writes
         arrived = tl.atomic_add(ws_row, 1, sem="acq_rel")
         last = arrived == _NO_KEY + splits - 1
         if last:
             tl.store(ws_row, _NO_KEY)  # leave the counter as found, for the next launch
     if last:
         _merge_row(
-            row, splits, s, s_sign, part_row, key_ptr, slots_ptr, own, prob_ptr, index_ptr, log,
-            K, MERGE_KEYS, HAS_SCALE, SORT,
+            row, splits, s, s_sign, part_row, key_ptr, ws_row, slots_ptr, own, prob_ptr, index_ptr, log,
+            K, CAND, HAS_SCALE, SORT,
         )
+
+
+@triton.jit
+def _positions(hit):
+    """[32, J, V] mask -> each element's count of set elements before it (lane, then j, then v order)
+    and the total: the lanes' counts are in-thread, one warp scan adds the lanes before."""
+    m = hit.to(tl.int32)
+    per_j = tl.sum(m, 2)
+    per_lane = tl.sum(per_j, 1)
+    before = (tl.cumsum(per_lane, 0) - per_lane)[:, None, None] + (tl.cumsum(per_j, 1) - per_j)[:, :, None]
+    return before + tl.cumsum(m, 2) - m, tl.sum(per_lane, 0)
+
+
+@triton.jit
+def _above(keys, valid, floor, s, s_sign, HAS_SCALE: tl.constexpr):
+    """The packed keys (valid ones) whose element's y reaches the floor; _EMPTY elsewhere."""
+    u, _ = _unpack(keys)
+    return tl.where(valid & (_order_key(_y_of(u, s, s_sign, HAS_SCALE)) >= floor), keys, _EMPTY)
 
 
 @triton.jit
@@ -372,8 +406,8 @@ def _y_of(u, s, s_sign, HAS_SCALE: tl.constexpr):
 
 @triton.jit
 def _merge_row(
-    row, splits, s, s_sign, part_row, key_ptr, slots_ptr, own, prob_ptr, index_ptr, log,
-    K: tl.constexpr, MERGE_KEYS: tl.constexpr, HAS_SCALE: tl.constexpr, SORT: tl.constexpr,
+    row, splits, s, s_sign, part_row, key_ptr, ws_row, slots_ptr, own, prob_ptr, index_ptr, log,
+    K: tl.constexpr, CAND: tl.constexpr, HAS_SCALE: tl.constexpr, SORT: tl.constexpr,
 ):
     i = tl.arange(0, _MERGE_SPLITS)
     # .cg: straight from L2, where the other programs' writes are
@@ -395,18 +429,26 @@ def _merge_row(
         tl.store(index_ptr + row64, index.to(tl.int64))
     else:
         lanes = tl.arange(0, 32)
-        if splits > 1:  # the final slots (every program has published); reset them for the next launch
+        key_row = key_ptr + row64 * (CAND + K * splits)
+        # the candidates, loaded before their count is known (the entries past it are masked after)
+        flat = lanes[:, None, None] + tl.arange(0, CAND // 32)[None, :, None] * 32 + tl.arange(0, 1)[None, None, :]
+        keys = tl.load(key_row + flat, cache_modifier=".cg")
+        # the final slots and count (every program has published); reset for the next launch
+        appended = tl.atomic_xchg(ws_row + 1, _NO_KEY, sem="relaxed") - _NO_KEY
+        if splits > 1:
             slot_keys = tl.atomic_xchg(slots_ptr + lanes, _NO_KEY, sem="relaxed")
         else:
             slot_keys = own
         floor = _kth_largest(slot_keys, K)
-        # the programs' keys, [K, splits] slot-major, so each program's best keys spread over lanes
-        R: tl.constexpr = MERGE_KEYS // 64
-        flat = lanes[:, None, None] * 2 + tl.arange(0, R)[None, :, None] * 64 + tl.arange(0, 2)[None, None, :]
-        keys = tl.load(key_ptr + row64 * K * splits + flat, mask=flat < K * splits, other=_EMPTY, cache_modifier=".cg")
-        u, _ = _unpack(keys)
-        cand = tl.where(_order_key(_y_of(u, s, s_sign, HAS_SCALE)) >= floor, keys, _EMPTY)
-        top, kth = _insert(cand, tl.full([32], _EMPTY, tl.int64), tl.full([], _EMPTY, tl.int64), K, SORT)
+        top = tl.full([32], _EMPTY, tl.int64)
+        kth = tl.full([], _EMPTY, tl.int64)
+        top, kth = _insert(_above(keys, (flat < appended) & (flat < CAND), floor, s, s_sign, HAS_SCALE), top, kth, K, SORT)
+        if appended > CAND:  # some programs' candidates didn't fit: their best K are in [K, splits]
+            region = key_row + CAND
+            for b in range(0, K * splits, CAND):
+                at = b + flat
+                keys = tl.load(region + at, mask=at < K * splits, other=_EMPTY, cache_modifier=".cg")
+                top, kth = _insert(_above(keys, at < K * splits, floor, s, s_sign, HAS_SCALE), top, kth, K, SORT)
         u, index = _unpack(top)
         y = _y_of(u, s, s_sign, HAS_SCALE)
         prob = tl.where(log != 0, y - row_max - log_sum, tl.exp(y - row_max) / row_sum)
