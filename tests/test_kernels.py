@@ -4,8 +4,9 @@
   the ops' schemas and fake implementations (torch.library.opcheck), a Dynamo + AOT capture.
 - Triton's interpreter (TRITON_INTERPRET=1, on CPU): the kernel against the references on every
   dtype, ragged and large vocabularies, forced and automatic splits, k from 1 to 16, ties, NaN,
-  +-inf, -0.0, all-equal rows, per-row scales of every sign (0 and NaN too) and a 0-d one; after it
-  the shared workspace must be back to its idle state. Triton reads that variable when a kernel is
+  +-inf, -0.0, all-equal rows, per-row scales of every sign (0 and NaN too) and a 0-d one, little
+  room for k > 1's candidates, and 40 random draws over those hazards; after it the shared workspace
+  must be back to its idle state. Triton reads that variable when a kernel is
   defined, so these cases run in a subprocess started with it (`python -m tests.test_kernels DTYPE...`
   runs them by hand). The interpreter runs programs one after another, so the first program of a
   row always sees no other's slots and the last sees all: both ends of pass 2's floor. Cases are
@@ -115,6 +116,42 @@ def _interpreter_cases(dtype: torch.dtype) -> list[tuple]:
     ]
 
 
+def _random_hazard_cases(seed: int, count: int) -> list[tuple]:
+    """(name, logits, k, splits, scale, candidates) drawn at random over the hazards of k > 1: ties (few
+    distinct values, rounded), mostly -inf rows, NaN, constant rows (all past the floor: the row's room
+    for candidates runs out), forced splits, scales of both signs and 0, little room for candidates."""
+    import random
+
+    rng = random.Random(seed)
+    cases = []
+    while len(cases) < count:
+        rows, vocab, k = rng.choice([1, 2, 3]), rng.choice([17, 100, 513, 1000, 2049, 5000]), rng.choice([2, 3, 4, 8, 16])
+        if k > vocab:
+            continue
+        kind = rng.choice(["randn", "few", "rounded", "mostly -inf", "nan", "constant"])
+        g = torch.Generator().manual_seed(rng.randrange(1 << 30))
+        if kind == "randn":
+            x = torch.randn(rows, vocab, generator=g) * 3
+        elif kind == "few":
+            x = torch.randint(0, rng.choice([2, 3, 5]), (rows, vocab), generator=g).float()
+        elif kind == "rounded":
+            x = torch.randn(rows, vocab, generator=g).round()
+        elif kind == "mostly -inf":
+            at = torch.randint(0, vocab, (rows, rng.choice([1, 3, 20])), generator=g)
+            x = torch.full((rows, vocab), -INF).scatter_(1, at, torch.randn(at.shape, generator=g))
+        elif kind == "nan":
+            x = torch.randn(rows, vocab, generator=g)
+            x[:, torch.randint(0, vocab, (3,), generator=g)] = NAN
+        else:
+            x = torch.full((rows, vocab), rng.choice([0.0, -1.5, -INF]))
+        dtype = rng.choice(list(DTYPES.values()))
+        scale = torch.tensor([rng.choice([0.5, -1.0, 2.0, 0.0]) for _ in range(rows)]) if rng.random() < 0.3 else None
+        splits, candidates = rng.choice([None, 1, 2, 3, 5]), rng.choice([None, 32, 64])
+        name = f"random {kind} {dtype} {rows}x{vocab} k={k} splits={splits} candidates={candidates} scaled={scale is not None}"
+        cases.append((name, x.to(dtype), k, splits, scale, candidates))
+    return cases
+
+
 def run_interpreter_cases(dtype: torch.dtype) -> list[str]:
     """Runs the kernel under Triton's interpreter; returns the failures."""
     kernels = _selection._triton_selection()
@@ -126,6 +163,11 @@ def run_interpreter_cases(dtype: torch.dtype) -> list[str]:
         if problem := check_selection(logits, k, log, prob, index, scale):
             failures.append(f"{dtype}, {name}: {problem}")
     if dtype == torch.float16:
+        for name, logits, k, splits, scale, candidates in _random_hazard_cases(seed=0, count=40):
+            prob, index = torch.full((logits.shape[0], k), -7.0), torch.full((logits.shape[0], k), -7, dtype=torch.int64)
+            kernels.launch_selection(logits, k, False, prob, index, scale, splits=splits, candidates=candidates)
+            if problem := check_selection(logits, k, False, prob, index, scale):
+                failures.append(f"{name}: {problem}")
         # the ops' CUDA-path wrapper: leading dims that don't flatten to one stride, a strided last
         # dim, a per-row scale over those leading dims
         logits = special_rows(1000, dtype).reshape(2, 5, 1000).transpose(0, 1)
