@@ -185,6 +185,8 @@ def launch_selection(
     splits, chunk, block = plan(rows, vocab, k, device, splits=splits, block=block, programs_per_sm=programs_per_sm)
     part = torch.empty((rows, 2, splits), dtype=torch.float32, device=device)
     cand = (candidates or _CANDIDATES) if k > 1 else 0
+    if k > 1 and (cand < 32 or cand & (cand - 1)):
+        raise ValueError(f"candidates must be a power of two >= 32, not {cand}")
     keys = torch.empty((rows, cand + k * splits), dtype=torch.int64, device=device)
     ws = workspace if workspace is not None else _workspace(device, rows)
     if scale is None:
