@@ -178,15 +178,15 @@ def launch_selection(
     # k, scale or not, block, the options, 16-byte alignment of the pointers and of the row stride),
     # and the first launch of each tells how many of its programs fit per SM.
     aligned = tuple(t is None or t.data_ptr() % 16 == 0 for t in (logits, scale, prob, index))
-    key = (device.index, logits.dtype, k, scale is not None, block, pdl, maxnreg, sort, aligned, logits.stride(0) % 16 == 0)
+    cand = (candidates or _CANDIDATES) if k > 1 else 0
+    if k > 1 and (cand < 32 or cand & (cand - 1)):
+        raise ValueError(f"candidates must be a power of two >= 32, not {cand}")
+    key = (device.index, logits.dtype, k, scale is not None, block, pdl, maxnreg, sort, aligned, logits.stride(0) % 16 == 0, cand)
     fit = _fits.get(key)
     if fit is not None and splits is None:
         programs_per_sm = min(programs_per_sm, fit)
     splits, chunk, block = plan(rows, vocab, k, device, splits=splits, block=block, programs_per_sm=programs_per_sm)
     part = torch.empty((rows, 2, splits), dtype=torch.float32, device=device)
-    cand = (candidates or _CANDIDATES) if k > 1 else 0
-    if k > 1 and (cand < 32 or cand & (cand - 1)):
-        raise ValueError(f"candidates must be a power of two >= 32, not {cand}")
     keys = torch.empty((rows, cand + k * splits), dtype=torch.int64, device=device)
     ws = workspace if workspace is not None else _workspace(device, rows)
     if scale is None:

@@ -12,9 +12,10 @@ Pass 1 (every program) streams its chunk tile by tile: the running max m and sum
     a NaN), and the search is two compares per element (the tile's max and its first index);
   - k > 1: each lane's max of y is published (atomic max, only when it grew) to 32 slots per row
     shared by all programs of the row, and each tile's max key is kept in registers. Every slot holds
-    a value of a distinct element, so the k-th largest slot bounds the row's k-th largest value from
-    below: elements under it can't be in the top k. A slot is the max over ~vocab/32 elements, so
-    this floor lands near the row's true k-th value once the row's programs have published.
+    a value of a distinct element (or -inf, from masked tail lanes), so the k-th largest slot bounds
+    the row's k-th largest value from below: elements under it can't be in the top k. A slot is the
+    max over ~vocab/32 elements, so this floor lands near the row's true k-th value once the row's
+    programs have published.
 Pass 2 (k > 1) reads the floor and re-reads only the tiles whose max reaches it (usually none or
 one, from L1/L2), and appends the elements at or above it to the row's candidates: one atomic add on
 a per-row count reserves their places (each element's place from an in-thread count plus one warp

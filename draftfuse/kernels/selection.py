@@ -15,8 +15,9 @@ With it both ops select and weigh y = x * s: the order is the exact order of the
 (that of x for s > 0, of -x for s < 0; for s = 0 every element ties, so the lowest indices win),
 which float32 rounding of the products could tie for float32 logits; the probabilities are the
 float32 softmax of y = fl32(x * s): exp(y_v - max y) / sum(exp(y - max y)). NaN rules stay those of x
-(a NaN element is above every other), and an element whose product is NaN (inf * 0) counts as NaN;
-a NaN scale makes every element NaN (indices 0..k-1, NaN probabilities). Without it (None) both ops
+(a NaN element is above every other); an element whose product alone is NaN (x = 0 with s = +-inf) is
+ordered as x * sign(s), 0, while the row's probabilities are NaN; a NaN scale makes every element NaN
+(indices 0..k-1, NaN probabilities). Without it (None) both ops
 are exactly the unscaled ones.
 
 Both reduce over the last dim and compute probabilities in float32 from the logits (the caller
@@ -86,8 +87,8 @@ def check_scale(logits: torch.Tensor, scale: torch.Tensor | None) -> None:
 
 def _scaled(logits: torch.Tensor, scale: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
     """(y, order): y = fl32(x * s), the values whose softmax is taken, and a tensor whose order is
-    the exact order of x * s: x * sign(s) (sign(0) = 0: all tie; NaN where x * s is, and everywhere
-    for a NaN scale)."""
+    the exact order of x * s: x * sign(s) (sign(0) = 0: all tie; NaN where x is, and everywhere for a
+    NaN scale)."""
     x = logits.float()  # also the order: exact, and torch's CUDA sort misplaces NaN in bfloat16
     if scale is None:
         return x, x
