@@ -92,15 +92,10 @@ def _sm_count(device: torch.device) -> int:
     return 4  # Triton's interpreter (CPU tensors): the split count only shapes the grid
 
 
-def _most_splits(k: int) -> int:
-    """Chunks a row may be split into (the last program reads each one's max and sum at once)."""
-    return _MAX_SPLITS
-
-
 def max_vocab(k: int) -> int:
-    """The largest vocabulary the kernel takes for this k (chunks of at most _MAX_TILES tiles of up
-    to 4096 elements)."""
-    return min(2**31 - 1, _most_splits(k) * _MAX_TILES.value * 4096)
+    """The largest vocabulary the kernel takes (the same for every k: chunks of at most _MAX_TILES
+    tiles of up to 4096 elements)."""
+    return min(2**31 - 1, _MAX_SPLITS * _MAX_TILES.value * 4096)
 
 
 _fits: dict = {}  # compiled kernel (specialisation) -> one-warp programs that fit per SM, by registers
@@ -119,9 +114,10 @@ def default_programs_per_sm(element_size: int, k: int, scaled: bool) -> int:
 
 def _block(vocab: int, k: int, block: int | None = None) -> int:
     """The tile width for this vocab and k: `block` (default _BLOCK), doubled until the row fits in
-    _most_splits(k) chunks of at most _MAX_TILES tiles."""
+    _MAX_SPLITS chunks of at most _MAX_TILES tiles (the last program reads every chunk's max and sum
+    at once)."""
     block = block or _BLOCK
-    while triton.cdiv(triton.cdiv(vocab, block), _MAX_TILES.value) > _most_splits(k):
+    while triton.cdiv(triton.cdiv(vocab, block), _MAX_TILES.value) > _MAX_SPLITS:
         if block >= 4096:
             raise ValueError(f"vocab {vocab} is too large for the selection kernel with k={k} (max {max_vocab(k)})")
         block *= 2
@@ -132,12 +128,11 @@ def plan(rows: int, vocab: int, k: int, device: torch.device, *, splits=None, bl
     """(splits, chunk, block) for a launch: splits * chunk >= vocab, chunk a multiple of block. The
     grid aims at programs_per_sm programs per SM, rounded down so that it stays within one wave."""
     block = _block(vocab, k, block)
-    most = _most_splits(k)
     tiles = triton.cdiv(vocab, block)
     least = triton.cdiv(tiles, _MAX_TILES.value)
     if splits is None:
         splits = programs_per_sm * _sm_count(device) // rows
-    splits = max(least, min(splits, tiles, most), 1)
+    splits = max(least, min(splits, tiles, _MAX_SPLITS), 1)
     chunk = triton.cdiv(tiles, splits) * block
     return triton.cdiv(vocab, chunk), chunk, block
 
