@@ -97,7 +97,7 @@ def _interpreter_cases(dtype: torch.dtype) -> list[tuple]:
             ("special-v4099-k16-2-splits", special_rows(4099, dtype), 16, False, 2, None),
             ("special-v1000-k4-scaled", s1000, 4, False, None, special_scales(10)),
             ("random-b1-v32000-k16", randn(1, 32000), 16, False, None, None),
-            # every program's max ties: the merge takes the candidates of more than 32 programs
+            # every program's elements tie: the row's room for candidates runs out in every program
             ("constant-b1-v32000-k16-64-splits", torch.full((1, 32000), 0.25).to(dtype), 16, False, 64, None),
             ("ties-b8-v64-k4-log", torch.randint(-2, 3, (8, 64), generator=g).to(dtype), 4, True, None, None),
         ]
@@ -119,8 +119,8 @@ def _interpreter_cases(dtype: torch.dtype) -> list[tuple]:
 
 
 def _random_hazard_cases(seed: int, count: int) -> list[tuple]:
-    """(name, logits, k, splits, scale, room) drawn at random over the hazards of k > 1: ties (few
-    distinct values, rounded), mostly -inf rows, NaN, constant rows (all past the floor: a program's room
+    """(name, logits, k, splits, scale, candidates) drawn at random over the hazards of k > 1: ties (few
+    distinct values, rounded), mostly -inf rows, NaN, constant rows (all past the floor: the row's room
     for candidates runs out), forced splits, scales of both signs and 0, little room for candidates."""
     import random
 
@@ -148,10 +148,9 @@ def _random_hazard_cases(seed: int, count: int) -> list[tuple]:
             x = torch.full((rows, vocab), rng.choice([0.0, -1.5, -INF]))
         dtype = rng.choice(list(DTYPES.values()))
         scale = torch.tensor([rng.choice([0.5, -1.0, 2.0, 0.0]) for _ in range(rows)]) if rng.random() < 0.3 else None
-        splits, room = rng.choice([None, 1, 2, 3, 5]), rng.choice([None, 16, 32, 64])
-        room = room if room is None or room >= k else 16
-        name = f"random {kind} {dtype} {rows}x{vocab} k={k} splits={splits} room={room} scaled={scale is not None}"
-        cases.append((name, x.to(dtype), k, splits, scale, room))
+        splits, candidates = rng.choice([None, 1, 2, 3, 5]), rng.choice([None, 32, 64])
+        name = f"random {kind} {dtype} {rows}x{vocab} k={k} splits={splits} candidates={candidates} scaled={scale is not None}"
+        cases.append((name, x.to(dtype), k, splits, scale, candidates))
     return cases
 
 
@@ -166,9 +165,9 @@ def run_interpreter_cases(dtype: torch.dtype) -> list[str]:
         if problem := check_selection(logits, k, log, prob, index, scale):
             failures.append(f"{dtype}, {name}: {problem}")
     if dtype == torch.float16:
-        for name, logits, k, splits, scale, room in _random_hazard_cases(seed=0, count=40):
+        for name, logits, k, splits, scale, candidates in _random_hazard_cases(seed=0, count=40):
             prob, index = torch.full((logits.shape[0], k), -7.0), torch.full((logits.shape[0], k), -7, dtype=torch.int64)
-            kernels.launch_selection(logits, k, False, prob, index, scale, splits=splits, room=room)
+            kernels.launch_selection(logits, k, False, prob, index, scale, splits=splits, candidates=candidates)
             if problem := check_selection(logits, k, False, prob, index, scale):
                 failures.append(f"{name}: {problem}")
         # the ops' CUDA-path wrapper: leading dims that don't flatten to one stride, a strided last
@@ -182,7 +181,7 @@ def run_interpreter_cases(dtype: torch.dtype) -> list[str]:
             if problem := check_selection(logits, k, False, prob, index, s):
                 failures.append(f"{dtype}, 3-d logits, k={k}: {problem}")
     if dtype == torch.bfloat16:
-        # k > 1 with room for only 16 candidates a program: most programs keep only their best k (the merge
+        # k > 1 with room for only 32 candidates a row: most programs keep some of theirs (the merge
         # reads both); random rows (few past the floor) and special ones (all-equal, all -inf: all past)
         g = torch.Generator().manual_seed(3)
         for name, logits, k in (
@@ -190,9 +189,9 @@ def run_interpreter_cases(dtype: torch.dtype) -> list[str]:
             ("special-v3000-k5", special_rows(3000, dtype), 5),
         ):
             prob, index = torch.empty(logits.shape[0], k), torch.empty(logits.shape[0], k, dtype=torch.int64)
-            kernels.launch_selection(logits, k, False, prob, index, splits=4, room=16)
+            kernels.launch_selection(logits, k, False, prob, index, splits=4, candidates=32)
             if problem := check_selection(logits, k, False, prob, index):
-                failures.append(f"{dtype}, {name}, room for 16: {problem}")
+                failures.append(f"{dtype}, {name}, 32 candidates: {problem}")
         # a per-call workspace (what a CUDA-graph capture without the shared one fills and uses)
         logits = special_rows(1000, dtype)
         prob, index = torch.empty(10, 4), torch.empty(10, 4, dtype=torch.int64)
@@ -377,13 +376,13 @@ def test_cuda_kernels_match_reference(dtype_name, k, scaled):
 
 @pytest.mark.cuda
 @pytest.mark.parametrize(
-    "tile", [(512, 24, False, 16), (2048, 8, True, None), (1024, 4, True, 64), (1024, 32, False, 128)], ids=str
+    "tile", [(512, 24, False, 32), (2048, 8, True, None), (1024, 4, True, 64), (1024, 32, False, 256)], ids=str
 )
 def test_cuda_other_tilings(tile):
     """The tiling is a tuning choice (benchmarks/selection.py --tile): results must not depend on it; nor
-    on a program's room for k > 1's candidates (16: for k = 16 programs keep only their best k often)."""
+    on a row's room for k > 1's candidates (32: programs keep their own often)."""
     kernels = _selection._triton_selection()
-    block, programs_per_sm, pdl, room = tile
+    block, programs_per_sm, pdl, candidates = tile
     for dtype in DTYPES.values():
         for x in (special_rows(4099, dtype, "cuda"), torch.randn(64, 151936, device="cuda").mul_(4).to(dtype)):
             for k in (1, 4, 16):
@@ -392,7 +391,7 @@ def test_cuda_other_tilings(tile):
                     index = torch.empty(x.shape[0], k, device="cuda", dtype=torch.int64)
                     kernels.launch_selection(
                         x, k, False, prob, index, scale, block=block, programs_per_sm=programs_per_sm, pdl=pdl,
-                        room=room if room is None or room >= k else k,
+                        candidates=candidates,
                     )
                     problem = check_selection(x, k, False, prob, index, scale)
                     assert not problem, (dtype, x.shape, k, scale is not None, problem)

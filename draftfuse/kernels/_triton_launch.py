@@ -13,7 +13,7 @@ from draftfuse.kernels._triton_selection import (  # noqa: F401  (the tuning con
     _WS_COLS,
     _INT32_MIN,
     _MAX_SPLITS,
-    _ROOM,
+    _CANDIDATES,
     _PROGRAMS_PER_SM,
     _BLOCK,
     _PDL,
@@ -151,14 +151,14 @@ def launch_selection(
     pdl: bool | None = None,
     maxnreg: int | None = None,
     workspace: torch.Tensor | None = None,
-    room: int | None = None,
+    candidates: int | None = None,
 ):
     """Top-k of each row of `logits` ([rows, vocab], last dim contiguous) into `prob` (float32) and
     `index` (int64), each holding rows * k contiguous elements, row-major. `scale`: None, or float32
     with one element per row (rows elements) or one for all (1 element): y = logits * scale.
     One kernel launch; scratch sized by shapes only, so it can be captured in a CUDA graph. The
-    keywords override the tiling heuristics (tests and the benchmark's tuning use them; `room`, a power of
-    two >= k, is a program's room for k > 1's candidates before it keeps only its best k). Returns
+    keywords override the tiling heuristics (tests and the benchmark's tuning use them; `candidates`, a
+    power of two >= 32, is a row's room for k > 1's candidates before the programs keep their own). Returns
     Triton's compiled kernel (its n_regs, n_spills), None for no rows."""
     rows, vocab = logits.shape
     if rows == 0:
@@ -173,18 +173,16 @@ def launch_selection(
     # k, scale or not, block, the options, 16-byte alignment of the pointers and of the row stride),
     # and the first launch of each tells how many of its programs fit per SM.
     aligned = tuple(t is None or t.data_ptr() % 16 == 0 for t in (logits, scale, prob, index))
-    room = (room or _ROOM) if k > 1 else 1
-    if k > 1 and (room < k or room & (room - 1) or room > 128):
-        raise ValueError(f"room must be a power of two >= k ({k}) and <= 128, not {room}")
-    key = (device.index, logits.dtype, k, scale is not None, block, pdl, maxnreg, sort, aligned, logits.stride(0) % 16 == 0, room)
+    cand = (candidates or _CANDIDATES) if k > 1 else 0
+    if k > 1 and (cand < 32 or cand & (cand - 1)):
+        raise ValueError(f"candidates must be a power of two >= 32, not {cand}")
+    key = (device.index, logits.dtype, k, scale is not None, block, pdl, maxnreg, sort, aligned, logits.stride(0) % 16 == 0, cand)
     fit = _fits.get(key)
     if fit is not None and splits is None:
         programs_per_sm = min(programs_per_sm, fit)
     splits, chunk, block = plan(rows, vocab, k, device, splits=splits, block=block, programs_per_sm=programs_per_sm)
     part = torch.empty((rows, 2, splits), dtype=torch.float32, device=device)
-    # k = 1: each program's best key; k > 1: its candidates (room each) and 4 numbers for the merge
-    keys = torch.empty((rows, room * splits), dtype=torch.int64, device=device)
-    meta = torch.empty((rows, 4, splits), dtype=torch.int32, device=device) if k > 1 else part
+    keys = torch.empty((rows, cand + k * splits), dtype=torch.int64, device=device)
     ws = workspace if workspace is not None else _workspace(device, rows)
     if scale is None:
         scale_arg, scale_stride = part, 0  # never read
@@ -198,8 +196,8 @@ def launch_selection(
         options["maxnreg"] = maxnreg
     kernel = _selection_kernel[(rows, splits)](
         logits, logits.stride(0), vocab, chunk, splits, scale_arg, scale_stride,
-        part, meta, keys, ws, prob, index, int(log),
-        K=k, BLOCK=block, V=16 // logits.element_size(), ROOM=room,
+        part, keys, ws, prob, index, int(log),
+        K=k, BLOCK=block, V=16 // logits.element_size(), CAND=cand,
         HAS_SCALE=scale is not None, GPU=cuda, PDL=pdl, SORT=sort, num_warps=1, **options,
     )
     if fit is None and getattr(kernel, "n_regs", 0):  # the first launch of this kernel: note its occupancy

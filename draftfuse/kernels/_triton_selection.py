@@ -68,9 +68,8 @@ _MAX_SPLITS = 128
 _MERGE_SPLITS = tl.constexpr(_MAX_SPLITS)  # the last program reads (max, sum) of all chunks at once
 
 _INT32_MIN = -(2**31)
-_WS_COLS = tl.constexpr(32)  # workspace columns per row (one 128-byte line): [0] the arrival counter
-_ROOM = 32  # k > 1: a program's room for its candidates (a power of two >= k)
-_MERGE_LANES = tl.constexpr(32)  # k > 1: the merge takes the candidates of 32 programs at a time, one per lane
+_WS_COLS = tl.constexpr(64)  # workspace columns per row: [0] arrival counter, [1] candidates (k > 1), [32:64] slots (k > 1)
+_CANDIDATES = 256  # k > 1: a row's room for candidates (a power of two >= 32)
 
 # 512 elements per tile (16 per lane, as 16-byte vectors; the next tile's loads issued before this
 # tile's math) for every dtype, and one-warp programs aimed for per SM by (element size, k == 1,
@@ -214,7 +213,7 @@ def _tile_argmax(x, y, offs, valid, tile_max, s_sign, best_u, best_i, best_y,
 
 @triton.jit
 def _stream_tile(
-    x, offs, valid, t, s, s_sign, row_max, row_sum, best_u, best_i, best_y, tile_keys, own,
+    x, offs, valid, t, s, s_sign, row_max, row_sum, best_u, best_i, best_y, tile_keys, own, slots_ptr, publish,
     K: tl.constexpr, MASKED: tl.constexpr, HAS_SCALE: tl.constexpr, GPU: tl.constexpr,
 ):
     if HAS_SCALE:
@@ -242,7 +241,11 @@ def _stream_tile(
             )
     else:
         tile_keys = tl.where(tl.arange(0, _MAX_TILES) == t, tl.where(special, _NAN_KEY, _order_key(tile_max)), tile_keys)
-        own = tl.maximum(own, _order_key(lane_max))
+        lane_key = _order_key(lane_max)
+        grew = lane_key > own
+        if publish:
+            tl.atomic_max(slots_ptr + tl.arange(0, 32), lane_key, mask=grew, sem="relaxed")
+        own = tl.where(grew, lane_key, own)
     return new_max, row_sum, best_u, best_i, best_y, tile_keys, own
 
 
@@ -250,8 +253,8 @@ def _stream_tile(
 @triton.jit(do_not_specialize=["vocab", "splits", "scale_stride", "log"])
 def _selection_kernel(
     logits_ptr, row_stride, vocab, chunk, splits, scale_ptr, scale_stride,
-    part_ptr, meta_ptr, key_ptr, ws_ptr, prob_ptr, index_ptr, log,
-    K: tl.constexpr, BLOCK: tl.constexpr, V: tl.constexpr, ROOM: tl.constexpr,
+    part_ptr, key_ptr, ws_ptr, prob_ptr, index_ptr, log,
+    K: tl.constexpr, BLOCK: tl.constexpr, V: tl.constexpr, CAND: tl.constexpr,
     HAS_SCALE: tl.constexpr, GPU: tl.constexpr, PDL: tl.constexpr, SORT: tl.constexpr,
 ):
     # GPU: compiled for a GPU (PTX exp), not run by Triton's interpreter; SORT: merge top lists by
@@ -266,6 +269,7 @@ def _selection_kernel(
     end = tl.minimum(start + chunk, vocab)
     row_ptr = logits_ptr + row.to(tl.int64) * row_stride
     ws_row = ws_ptr + row.to(tl.int64) * _WS_COLS
+    slots_ptr = ws_row + 32
     lanes = tl.arange(0, 32)
     J: tl.constexpr = BLOCK // (32 * V)
     # Tile element (lane, j, v) is at j * 32 V + lane * V + v: 16-byte loads, each covering 512
@@ -284,6 +288,7 @@ def _selection_kernel(
     else:
         s = 1.0
         s_sign = 1.0
+    publish = splits > 1
     row_max = tl.full([], float("-inf"), tl.float32)
     row_sum = tl.full([], 0.0, tl.float32)
     best_u = tl.full([], float("-inf"), tl.float32)
@@ -302,7 +307,7 @@ def _selection_kernel(
         next_x = tl.load(row_ptr + offs + BLOCK, mask=offs + BLOCK < full_end, other=0.0)
         row_max, row_sum, best_u, best_i, best_y, tile_keys, own = _stream_tile(
             x, offs, offs < end, (tile - start) // BLOCK, s, s_sign, row_max, row_sum, best_u, best_i, best_y,
-            tile_keys, own, K, False, HAS_SCALE, GPU,
+            tile_keys, own, slots_ptr, publish, K, False, HAS_SCALE, GPU,
         )
     if full_end < end:  # the ragged tail
         offs = full_end + lane_offs
@@ -310,54 +315,49 @@ def _selection_kernel(
         x = tl.load(row_ptr + offs, mask=valid, other=0.0).to(tl.float32)
         row_max, row_sum, best_u, best_i, best_y, tile_keys, own = _stream_tile(
             x, offs, valid, (full_end - start) // BLOCK, s, s_sign, row_max, row_sum, best_u, best_i, best_y,
-            tile_keys, own, K, True, HAS_SCALE, GPU,
+            tile_keys, own, slots_ptr, publish, K, True, HAS_SCALE, GPU,
         )
 
     if K == 1:
         tl.store(key_ptr + row.to(tl.int64) * splits + split, _pack(_order_key(best_u), best_i))
     else:
-        # Pass 2: this program's floor, the K-th largest of its lanes' maxima (K distinct elements reach
-        # it), then only the tiles whose max reaches it, their elements at or above it stored as this
-        # program's candidates (slot-major: candidate c of program p at c * splits + p).
-        floor = _kth_largest(own, K)
-        lane_best = tl.max(own, 0)
-        tile_best = tl.max(tile_keys, 0)
-        area = key_ptr + row.to(tl.int64) * (ROOM * splits) + split
+        # Pass 2: the floor from the slots (an atomic read: the other programs' latest), then only the
+        # tiles whose max reaches it; their elements at or above it are appended to the row's candidates.
+        if publish:
+            slot_keys = tl.atomic_max(slots_ptr + lanes, _NO_KEY, sem="relaxed")
+        else:
+            slot_keys = own
+        floor = _kth_largest(slot_keys, K)
+        key_row = key_ptr + row.to(tl.int64) * (CAND + K * splits)
+        top = tl.full([32], _EMPTY, tl.int64)
+        kth = tl.full([], _EMPTY, tl.int64)
         tiles = tl.arange(0, _MAX_TILES)
-        to_read = (tile_keys >= floor) & (tiles * BLOCK < end - start)  # tiles past the chunk hold _NO_KEY
-        pending = to_read
-        count = tl.zeros([], tl.int32)
+        pending = tile_keys >= floor  # tiles past the chunk hold _NO_KEY: below any floor but _NO_KEY's
+        pending = pending & (tiles * BLOCK < end - start)
         while tl.max(pending.to(tl.int32), 0) > 0:
             t = tl.min(tl.where(pending, tiles, _MAX_TILES), 0)
             pending = pending & (tiles != t)
             offs = start + t * BLOCK + lane_offs
-            hit, u = _hits(row_ptr, offs, end, floor, s, s_sign, HAS_SCALE)
+            valid = offs < end
+            x = tl.load(row_ptr + offs, mask=valid, other=0.0).to(tl.float32)
+            if HAS_SCALE:
+                y_key = _order_key(x * s)
+                u = x * s_sign
+            else:
+                y_key = _order_key(x)
+                u = x
+            hit = valid & (y_key >= floor)
             at, n = _positions(hit)
             if n > 0:
-                at += count
-                tl.store(area + at.to(tl.int64) * splits, _pack(_order_key(u), offs), mask=hit & (at < ROOM))
-                count += n
-        if count > ROOM:
-            # More than ROOM elements reach the floor (ties, sorted or constant rows): this program's best K
-            # of them instead, by merge rounds over the same tiles.
-            top = tl.full([32], _EMPTY, tl.int64)
-            kth = tl.full([], _EMPTY, tl.int64)
-            pending = to_read
-            while tl.max(pending.to(tl.int32), 0) > 0:
-                t = tl.min(tl.where(pending, tiles, _MAX_TILES), 0)
-                pending = pending & (tiles != t)
-                offs = start + t * BLOCK + lane_offs
-                hit, u = _hits(row_ptr, offs, end, floor, s, s_sign, HAS_SCALE)
-                top, kth = _insert(tl.where(hit, _pack(_order_key(u), offs), _EMPTY), top, kth, K, SORT)
-            tl.store(area + lanes.to(tl.int64) * splits, top, mask=lanes < K)
-        count = tl.where(count > ROOM, K, count)
-        # what the merge needs of this program: its candidates' count, its floor, the max of its lanes'
-        # maxima (a value of one of its elements, or less) and the max of its tiles' (at least its max)
-        meta_row = meta_ptr + row.to(tl.int64) * 4 * splits + split
-        tl.store(meta_row, count)
-        tl.store(meta_row + splits, floor)
-        tl.store(meta_row + 2 * splits, lane_best)
-        tl.store(meta_row + 3 * splits, tile_best)
+                at += tl.atomic_add(ws_row + 1, n, sem="relaxed") - _NO_KEY
+                keys = _pack(_order_key(u), offs)
+                tl.store(key_row + at, keys, mask=hit & (at < CAND))
+                # past the row's capacity: this program's best K of what didn't fit, kept in registers
+                missed = hit & (at >= CAND)
+                if _max3(missed.to(tl.int32)) > 0:
+                    top, kth = _insert(tl.where(missed, keys, _EMPTY), top, kth, K, SORT)
+        # [K, splits] slot-major after the candidates: _EMPTY unless some of this program's didn't fit
+        tl.store(key_row + CAND + lanes * splits + split, top, mask=lanes < K)
 
     part_row = part_ptr + row.to(tl.int64) * 2 * splits
     tl.store(part_row + split, row_max)
@@ -372,23 +372,9 @@ def _selection_kernel(
             tl.store(ws_row, _NO_KEY)  # leave the counter as found, for the next launch
     if last:
         _merge_row(
-            row, splits, s, s_sign, part_row, meta_ptr, key_ptr, prob_ptr, index_ptr, log,
-            K, ROOM, HAS_SCALE, SORT,
+            row, splits, s, s_sign, part_row, key_ptr, ws_row, slots_ptr, own, prob_ptr, index_ptr, log,
+            K, CAND, HAS_SCALE, SORT,
         )
-
-
-@triton.jit
-def _hits(row_ptr, offs, end, floor, s, s_sign, HAS_SCALE: tl.constexpr):
-    """A tile read again: which elements' y reaches the floor, and every element's u (the order)."""
-    valid = offs < end
-    x = tl.load(row_ptr + offs, mask=valid, other=0.0).to(tl.float32)
-    if HAS_SCALE:
-        y_key = _order_key(x * s)
-        u = x * s_sign
-    else:
-        y_key = _order_key(x)
-        u = x
-    return valid & (y_key >= floor), u
 
 
 @triton.jit
@@ -400,26 +386,6 @@ def _positions(hit):
     per_lane = tl.sum(per_j, 1)
     before = (tl.cumsum(per_lane, 0) - per_lane)[:, None, None] + (tl.cumsum(per_j, 1) - per_j)[:, :, None]
     return before + tl.cumsum(m, 2) - m, tl.sum(per_lane, 0)
-
-
-@triton.jit
-def _taken_in_order(taken, i, count, SORT: tl.constexpr):
-    """[_MERGE_SPLITS]: program * 256 + count for the programs taken, in program order, then -1."""
-    packed = i * 256 + count
-    if SORT:  # a bitonic sort of _MERGE_SPLITS int32 in one warp
-        ordered = tl.sort(tl.where(taken, packed, _BIG_INDEX))
-        return tl.where(ordered == _BIG_INDEX, -1, ordered)
-    else:  # Triton's interpreter: each position's program by comparisons (one numpy call, not a sort's steps)
-        at = tl.cumsum(taken.to(tl.int32), 0) - taken.to(tl.int32)
-        here = taken[None, :] & (at[None, :] == i[:, None])
-        return tl.max(tl.where(here, packed[None, :], -1), 1)
-
-
-@triton.jit
-def _block_of(order, b):
-    """order[b : b + 32] (b a multiple of 32) as a [32] vector."""
-    rows = tl.reshape(order, [_MERGE_SPLITS // 32, 32])
-    return tl.max(tl.where((tl.arange(0, _MERGE_SPLITS // 32) == b // 32)[:, None], rows, -1), 0)
 
 
 @triton.jit
@@ -441,8 +407,8 @@ def _y_of(u, s, s_sign, HAS_SCALE: tl.constexpr):
 
 @triton.jit
 def _merge_row(
-    row, splits, s, s_sign, part_row, meta_ptr, key_ptr, prob_ptr, index_ptr, log,
-    K: tl.constexpr, ROOM: tl.constexpr, HAS_SCALE: tl.constexpr, SORT: tl.constexpr,
+    row, splits, s, s_sign, part_row, key_ptr, ws_row, slots_ptr, own, prob_ptr, index_ptr, log,
+    K: tl.constexpr, CAND: tl.constexpr, HAS_SCALE: tl.constexpr, SORT: tl.constexpr,
 ):
     i = tl.arange(0, _MERGE_SPLITS)
     # .cg: straight from L2, where the other programs' writes are
@@ -455,7 +421,6 @@ def _merge_row(
     # the float32 softmax of a row whose max is NaN, +inf or -inf is NaN everywhere
     finite = (row_max > float("-inf")) & (row_max < float("inf"))
     row64 = row.to(tl.int64)
-    key_row = key_ptr + row64 * (ROOM * splits)
     if K == 1:
         keys = tl.load(key_ptr + row64 * splits + i, mask=i < splits, other=_EMPTY, cache_modifier=".cg")
         u, index = _unpack(tl.max(keys, 0))
@@ -465,30 +430,26 @@ def _merge_row(
         tl.store(index_ptr + row64, index.to(tl.int64))
     else:
         lanes = tl.arange(0, 32)
-        ok = i < splits
-        meta_row = meta_ptr + row64 * 4 * splits
-        count = tl.load(meta_row + i, mask=ok, other=0, cache_modifier=".cg")
-        own_floor = tl.load(meta_row + splits + i, mask=ok, other=_NO_KEY, cache_modifier=".cg")
-        lane_best = tl.load(meta_row + 2 * splits + i, mask=ok, other=_NO_KEY, cache_modifier=".cg")
-        tile_best = tl.load(meta_row + 3 * splits + i, mask=ok, other=_NO_KEY, cache_modifier=".cg")
-        # The row's floor: every program's floor, and the K-th largest of 32 programs' lane_best (each a
-        # value of a distinct element, or less): the maxima over the programs p = g mod 32, for each g.
-        groups = tl.max(tl.reshape(lane_best, [_MERGE_SPLITS // 32, 32]), 0)
-        floor = tl.maximum(_kth_largest(groups, K), tl.max(own_floor, 0))
-        # Only programs whose max reaches it can hold one of the row's top K: their candidates, 32
-        # programs at a time, one program per lane (its candidates along the lane's own registers).
-        taken = ok & (tile_best >= floor) & (count > 0)
-        order = _taken_in_order(taken, i, count, SORT)
+        key_row = key_ptr + row64 * (CAND + K * splits)
+        # the candidates, loaded before their count is known (the entries past it are masked after)
+        flat = lanes[:, None, None] + tl.arange(0, CAND // 32)[None, :, None] * 32 + tl.arange(0, 1)[None, None, :]
+        keys = tl.load(key_row + flat, cache_modifier=".cg")
+        # the final slots and count (every program has published); reset for the next launch
+        appended = tl.atomic_xchg(ws_row + 1, _NO_KEY, sem="relaxed") - _NO_KEY
+        if splits > 1:
+            slot_keys = tl.atomic_xchg(slots_ptr + lanes, _NO_KEY, sem="relaxed")
+        else:
+            slot_keys = own
+        floor = _kth_largest(slot_keys, K)
         top = tl.full([32], _EMPTY, tl.int64)
         kth = tl.full([], _EMPTY, tl.int64)
-        slot = tl.arange(0, ROOM)[None, :, None]
-        for b in range(0, tl.sum(taken.to(tl.int32), 0), 32):
-            packed = _block_of(order, b)  # program * 256 + its count; -1 past the programs taken
-            program = (packed >> 8)[:, None, None]
-            valid = (packed >= 0)[:, None, None] & (slot < (packed & 255)[:, None, None])
-            at = key_row + slot.to(tl.int64) * splits + program + tl.arange(0, 1)[None, None, :]
-            keys = tl.load(at, mask=valid, other=_EMPTY, cache_modifier=".cg")
-            top, kth = _insert(_above(keys, valid, floor, s, s_sign, HAS_SCALE), top, kth, K, SORT)
+        top, kth = _insert(_above(keys, (flat < appended) & (flat < CAND), floor, s, s_sign, HAS_SCALE), top, kth, K, SORT)
+        if appended > CAND:  # some programs' candidates didn't fit: their best K are in [K, splits]
+            region = key_row + CAND
+            for b in range(0, K * splits, CAND):
+                at = b + flat
+                keys = tl.load(region + at, mask=at < K * splits, other=_EMPTY, cache_modifier=".cg")
+                top, kth = _insert(_above(keys, at < K * splits, floor, s, s_sign, HAS_SCALE), top, kth, K, SORT)
         u, index = _unpack(top)
         y = _y_of(u, s, s_sign, HAS_SCALE)
         prob = tl.where(log != 0, y - row_max - log_sum, tl.exp(y - row_max) / row_sum)
