@@ -141,6 +141,30 @@ def test_one_graph_replay_per_folded_draft_and_no_cudagraph_skips():
     assert len(draft.draft.compiles) == 1
 
 
+def test_the_seam_marker_leaves_no_guards_of_its_own():
+    # The marker walks the seed's tuple itself: through torch's pytree, Dynamo guarded pytree's module
+    # state (its registry's version, its leaf spec, its functions' code: 23 of the MTP draft's 191 guards),
+    # and every replayed call checks the guard tree. A namedtuple of outputs comes back a namedtuple.
+    from draftfuse.runtime.replay import _guard_nodes
+
+    worker = Worker(torch.device("cpu"))
+    args = worker_args(torch.device("cpu"))
+    draft = fold(worker.seed_step, worker.draft_steps)
+    for _ in range(3):
+        draft(*args)
+    sources = list(_guard_nodes(draft.draft._replays[0].guard.root))
+    assert sources and not [s for s in sources if "_pytree" in s], [s for s in sources if "_pytree" in s][:3]
+
+    from collections import namedtuple
+
+    from draftfuse.passes.seed_fold.seam import mark_seam
+
+    Seeded = namedtuple("Seeded", "token hidden")
+    marked = mark_seam(({"a": [torch.ones(2)], "n": 3}, Seeded(torch.zeros(1), 2.0)))
+    assert isinstance(marked[1], Seeded) and marked[1].hidden == 2.0 and marked[0]["n"] == 3
+    assert torch.equal(marked[0]["a"][0], torch.ones(2)) and torch.equal(marked[1].token, torch.zeros(1))
+
+
 def test_a_fold_of_a_worker_replays_without_dynamo(recwarn):
     # The composition takes the seed's own parameters, and reads the worker's weights through its
     # closure: Dynamo's code for it only calls the graph, so the fast replay path takes it.

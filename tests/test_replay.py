@@ -363,7 +363,10 @@ def test_a_module_and_a_bound_method_replay_without_dynamo(which):
     model.cache.copy_(cache)
     with torch.no_grad():
         want = eager(hidden)
-    torch.testing.assert_close(got, want, rtol=0, atol=0)
+    # Inductor's CPU kernels against eager's: the tokens equal, the float outputs within rounding (on this
+    # project's CPU machine one element of the three-step chain differed by one float32 ulp)
+    assert torch.equal(got[0], want[0])
+    torch.testing.assert_close(got[1], want[1])
 
 
 def test_a_returned_argument_object_is_the_call_s_own():

@@ -56,7 +56,18 @@ def seam_facts(*, value_ranges: ValueRangeSpec | None = None, drop_buffer_writes
 
 def mark_seam(values: Any, facts: str = "{}") -> Any:
     """`values` (a tensor, or a tuple/list/dict holding tensors and other values) with every tensor
-    passed through the seam marker, so that the traced graph shows where the seed ends."""
+    passed through the seam marker, so that the traced graph shows where the seed ends.
+
+    Dynamo traces this inside the folded draft, and every call of the draft checks the guards the trace
+    left: plain tensors, tuples (namedtuples too), lists and dicts are walked here, which leaves none
+    beyond the values' own; other containers go through torch's pytree, whose trace is guarded by a
+    few dozen checks of pytree's module state (each draft call pays them)."""
+    if _plain(values):
+        tensors: list[torch.Tensor] = []
+        _collect(values, tensors)
+        if not tensors:
+            return values
+        return _rebuild(values, iter(torch.ops.draftfuse.seam.default(tensors, facts)))
     leaves, spec = tree_flatten(values)
     where = [i for i, leaf in enumerate(leaves) if isinstance(leaf, torch.Tensor)]
     if not where:
@@ -65,6 +76,41 @@ def mark_seam(values: Any, facts: str = "{}") -> Any:
     for i, tensor in zip(where, marked):
         leaves[i] = tensor
     return tree_unflatten(leaves, spec)
+
+
+def _plain(value: Any) -> bool:
+    """Whether `value` is a tensor, or a tuple/list/dict of plain values, or holds no container at all."""
+    kind = type(value)
+    if kind in (tuple, list) or (isinstance(value, tuple) and hasattr(kind, "_fields")):
+        return all(_plain(seed_output) for seed_output in value)
+    if kind is dict:
+        return all(_plain(seed_output) for seed_output in value.values())
+    return not isinstance(value, (tuple, list, dict))  # a leaf; another container goes to pytree
+
+
+def _collect(value: Any, tensors: list[torch.Tensor]) -> None:
+    if isinstance(value, torch.Tensor):
+        tensors.append(value)
+    elif isinstance(value, (tuple, list)):
+        for seed_output in value:  # (graph nodes of the draft are named after it)
+            _collect(seed_output, tensors)
+    elif isinstance(value, dict):
+        for seed_output in value.values():
+            _collect(seed_output, tensors)
+
+
+def _rebuild(value: Any, marked: Any) -> Any:
+    """`value` with each tensor replaced by the next of `marked`, in _collect's order."""
+    if isinstance(value, torch.Tensor):
+        return next(marked)
+    if isinstance(value, list):
+        return [_rebuild(v, marked) for v in value]
+    if isinstance(value, tuple):
+        items = [_rebuild(v, marked) for v in value]
+        return type(value)(*items) if hasattr(type(value), "_fields") else tuple(items)
+    if isinstance(value, dict):
+        return {k: _rebuild(v, marked) for k, v in value.items()}
+    return value
 
 
 def _is_op(node: Node, name: str) -> bool:
