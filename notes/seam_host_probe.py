@@ -14,24 +14,12 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import torch  # noqa: E402
-from torch.utils._pytree import tree_flatten, tree_unflatten  # noqa: E402
 
 import draftfuse.runtime.fold as fold_module  # noqa: E402
 from benchmarks import _drafts  # noqa: E402
 from draftfuse import _measure  # noqa: E402
+from draftfuse.passes.seed_fold.seam import mark_seam_by_pytree  # noqa: E402
 from draftfuse.runtime.draft_loop import DraftLoop  # noqa: E402
-
-
-def pytree_marker(values, facts="{}"):
-    """The marker before: every leaf through torch's pytree."""
-    leaves, spec = tree_flatten(values)
-    where = [i for i, leaf in enumerate(leaves) if isinstance(leaf, torch.Tensor)]
-    if not where:
-        return values
-    marked = torch.ops.draftfuse.seam.default([leaves[i] for i in where], facts)
-    for i, tensor in zip(where, marked):
-        leaves[i] = tensor
-    return tree_unflatten(leaves, spec)
 
 
 def folded(marker, batch, device):
@@ -69,7 +57,7 @@ def main():
     original = fold_module.mark_seam
     rows = []
     for batch in (1, 32):
-        variants = {"walked": folded(original, batch, device), "pytree": folded(pytree_marker, batch, device)}
+        variants = {"walked": folded(original, batch, device), "pytree": folded(mark_seam_by_pytree, batch, device)}
         fold_module.mark_seam = original
         guard_us = {name: [] for name in variants}
         with torch.no_grad():

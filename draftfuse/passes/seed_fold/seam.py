@@ -68,6 +68,11 @@ def mark_seam(values: Any, facts: str = "{}") -> Any:
         if not tensors:
             return values
         return _rebuild(values, iter(torch.ops.draftfuse.seam.default(tensors, facts)))
+    return mark_seam_by_pytree(values, facts)
+
+
+def mark_seam_by_pytree(values: Any, facts: str = "{}") -> Any:
+    """mark_seam for any container torch's pytree knows (the marker's only path before the walk above)."""
     leaves, spec = tree_flatten(values)
     where = [i for i, leaf in enumerate(leaves) if isinstance(leaf, torch.Tensor)]
     if not where:
