@@ -62,13 +62,12 @@ def mark_seam(values: Any, facts: str = "{}") -> Any:
     left: plain tensors, tuples (namedtuples too), lists and dicts are walked here, which leaves none
     beyond the values' own; other containers go through torch's pytree, whose trace is guarded by a
     few dozen checks of pytree's module state (each draft call pays them)."""
-    if _plain(values):
-        tensors: list[torch.Tensor] = []
-        _collect(values, tensors)
-        if not tensors:
-            return values
-        return _rebuild(values, iter(torch.ops.draftfuse.seam.default(tensors, facts)))
-    return mark_seam_by_pytree(values, facts)
+    tensors: list[torch.Tensor] = []
+    if not _walk(values, tensors):
+        return mark_seam_by_pytree(values, facts)
+    if not tensors:
+        return values
+    return _rebuild(values, iter(torch.ops.draftfuse.seam.default(tensors, facts)))
 
 
 def mark_seam_by_pytree(values: Any, facts: str = "{}") -> Any:
@@ -83,29 +82,22 @@ def mark_seam_by_pytree(values: Any, facts: str = "{}") -> Any:
     return tree_unflatten(leaves, spec)
 
 
-def _plain(value: Any) -> bool:
-    """Whether `value` is a tensor, or a tuple/list/dict of plain values, or holds no container at all."""
+def _walk(value: Any, tensors: list[torch.Tensor]) -> bool:
+    """Appends the tensors in `value` to `tensors`, walking tuples, namedtuples, lists and dicts; False
+    where it meets another container (a tuple, list or dict subclass, say: pytree's to take apart)."""
     kind = type(value)
-    if kind in (tuple, list) or (isinstance(value, tuple) and hasattr(kind, "_fields")):
-        return all(_plain(seed_output) for seed_output in value)
-    if kind is dict:
-        return all(_plain(seed_output) for seed_output in value.values())
-    return not isinstance(value, (tuple, list, dict))  # a leaf; another container goes to pytree
-
-
-def _collect(value: Any, tensors: list[torch.Tensor]) -> None:
+    if kind is tuple or kind is list or kind is dict or (isinstance(value, tuple) and hasattr(kind, "_fields")):
+        for seed_output in value.values() if kind is dict else value:  # (the draft's graph names nodes after it)
+            if not _walk(seed_output, tensors):
+                return False
+        return True
     if isinstance(value, torch.Tensor):
         tensors.append(value)
-    elif isinstance(value, (tuple, list)):
-        for seed_output in value:  # (graph nodes of the draft are named after it)
-            _collect(seed_output, tensors)
-    elif isinstance(value, dict):
-        for seed_output in value.values():
-            _collect(seed_output, tensors)
+    return not isinstance(value, (tuple, list, dict))
 
 
 def _rebuild(value: Any, marked: Any) -> Any:
-    """`value` with each tensor replaced by the next of `marked`, in _collect's order."""
+    """`value` (one that _walk took apart) with each tensor replaced by the next of `marked`, in _walk's order."""
     if isinstance(value, torch.Tensor):
         return next(marked)
     if isinstance(value, list):
