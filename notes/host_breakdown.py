@@ -15,6 +15,8 @@ busy, so no call waits on it), in one process, side by side:
   inputs: / outputs:         the copies alone, made each way they could be made (inputs: into buffers
                              like the static buffers of a recording that copies its inputs)
   draftfuse Python only      draftfuse's call with the graphs' replays made no-ops (a spare handed out)
+  graph nodes                what one replay of draftfuse's (and the raw runner's) graph runs on the
+                             device: kernels, memsets, memcpys (a torch.profiler trace, after the timings)
 
 Each figure is the median of 5 host_time batches; raw_cuda_graph and the three draftfuse calls take turns,
 9 batches each (_measure.host_times), so that the host's drift falls on them alike. Usage (GPU): python notes/host_breakdown.py [--batches 1 32]
@@ -22,12 +24,14 @@ Each figure is the median of 5 host_time batches; raw_cuda_graph and the three d
 
 import argparse
 import gc
+import os
 import json
 import sys
 import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+os.environ.setdefault("TEARDOWN_CUPTI", "1")  # before torch is imported: no CUPTI cost after graph_nodes' traces
 
 import torch  # noqa: E402
 
@@ -50,6 +54,23 @@ def python_us(call, calls: int = 2000) -> float:
     for _ in range(calls):
         call()
     return (time.perf_counter() - start) / calls * 1e6
+
+
+def graph_nodes(graph) -> dict[str, int]:
+    """What one replay of `graph` runs on the device, by kind (kernels, memsets, memcpys): from a
+    torch.profiler trace (CUPTI records a graph's nodes one by one). Run after every timing: CUPTI's cost
+    stays on later launches unless TEARDOWN_CUPTI=1, which this script sets before importing torch."""
+    torch.cuda.synchronize()
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
+        graph.replay()
+        torch.cuda.synchronize()
+    kinds = {"kernels": 0, "memsets": 0, "memcpys": 0}
+    for event in prof.events():
+        if event.device_type != torch.autograd.DeviceType.CUDA:
+            continue
+        kind = "memsets" if event.name.startswith("Memset") else "memcpys" if event.name.startswith("Memcpy") else "kernels"
+        kinds[kind] += 1
+    return kinds
 
 
 def breakdown(name: str, batch: int, device: torch.device, size: str) -> dict:
@@ -128,6 +149,9 @@ def breakdown(name: str, batch: int, device: torch.device, size: str) -> dict:
     finally:
         for g, method in zip(graphs, replays):
             g.replay = method
+    if device.type == "cuda":  # last: the profiler's CUPTI
+        out["graph nodes"] = graph_nodes(recorder.graph)
+        out["raw runner graph nodes"] = graph_nodes(raw_graph)
     out["inputs read in place"] = recorder.in_place  # the benchmark passes the same tensors on every call
     out["inputs"] = len(replay.fetchers)
     out["outputs copied"] = len(replay.graph_leaves)
