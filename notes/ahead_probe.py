@@ -1,6 +1,8 @@
 """Pass 1's loads one tile ahead (the committed kernel) against two tiles ahead (`ahead=2`), side by side in
 one process on a GPU: does more in flight per program close the k = 1 misses at batch 8-64, where a
-program streams 2-4 tiles and waits on DRAM for each? Result: notes/kernels.md ("Two tiles ahead").
+program streams 2-4 tiles and waits on DRAM for each? Result: notes/kernels.md ("Two tiles ahead"), raw
+figures in notes/ahead_probe_h200.json. The `ahead` keyword of launch_selection was dropped afterwards;
+to run this again, check out draftfuse/kernels/ at e814e41 (which has it).
 
 Each point: µs per call in a CUDA graph (benchmarks.selection's method: inputs rotated over 3x the L2), the
 variants taking turns (3 rounds of 10 replays each), every variant's tokens and probabilities checked

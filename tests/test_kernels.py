@@ -158,19 +158,18 @@ def run_interpreter_cases(dtype: torch.dtype) -> list[str]:
     """Runs the kernel under Triton's interpreter; returns the failures."""
     kernels = _selection._triton_selection()
     failures = []
-    # every other case with pass 1's loads two tiles ahead (a tuning choice: results must not depend on it)
-    for case, (name, logits, k, log, splits, scale) in enumerate(_interpreter_cases(dtype)):
+    for name, logits, k, log, splits, scale in _interpreter_cases(dtype):
         prob = torch.full((logits.shape[0], k), -7.0)  # poisoned: every element must be written
         index = torch.full((logits.shape[0], k), -7, dtype=torch.int64)
-        kernels.launch_selection(logits, k, log, prob, index, scale, splits=splits, ahead=1 + case % 2)
+        kernels.launch_selection(logits, k, log, prob, index, scale, splits=splits)
         if problem := check_selection(logits, k, log, prob, index, scale):
-            failures.append(f"{dtype}, {name}, {1 + case % 2} tiles ahead: {problem}")
+            failures.append(f"{dtype}, {name}: {problem}")
     if dtype == torch.float16:
-        for case, (name, logits, k, splits, scale, candidates) in enumerate(_random_hazard_cases(seed=0, count=40)):
+        for name, logits, k, splits, scale, candidates in _random_hazard_cases(seed=0, count=40):
             prob, index = torch.full((logits.shape[0], k), -7.0), torch.full((logits.shape[0], k), -7, dtype=torch.int64)
-            kernels.launch_selection(logits, k, False, prob, index, scale, splits=splits, candidates=candidates, ahead=1 + case % 2)
+            kernels.launch_selection(logits, k, False, prob, index, scale, splits=splits, candidates=candidates)
             if problem := check_selection(logits, k, False, prob, index, scale):
-                failures.append(f"{name}, {1 + case % 2} tiles ahead: {problem}")
+                failures.append(f"{name}: {problem}")
         # the ops' CUDA-path wrapper: leading dims that don't flatten to one stride, a strided last
         # dim, a per-row scale over those leading dims
         logits = special_rows(1000, dtype).reshape(2, 5, 1000).transpose(0, 1)
@@ -377,14 +376,13 @@ def test_cuda_kernels_match_reference(dtype_name, k, scaled):
 
 @pytest.mark.cuda
 @pytest.mark.parametrize(
-    "tile", [(512, 24, False, 32, 2), (2048, 8, True, None, 1), (1024, 4, True, 64, 2), (1024, 32, False, 256, 1)], ids=str
+    "tile", [(512, 24, False, 32), (2048, 8, True, None), (1024, 4, True, 64), (1024, 32, False, 256)], ids=str
 )
 def test_cuda_other_tilings(tile):
     """The tiling is a tuning choice (benchmarks/selection.py --tile): results must not depend on it; nor
-    on a row's room for k > 1's candidates (32: programs keep their own often), nor on how many tiles
-    ahead pass 1 loads."""
+    on a row's room for k > 1's candidates (32: programs keep their own often)."""
     kernels = _selection._triton_selection()
-    block, programs_per_sm, pdl, candidates, ahead = tile
+    block, programs_per_sm, pdl, candidates = tile
     for dtype in DTYPES.values():
         for x in (special_rows(4099, dtype, "cuda"), torch.randn(64, 151936, device="cuda").mul_(4).to(dtype)):
             for k in (1, 4, 16):
@@ -393,7 +391,7 @@ def test_cuda_other_tilings(tile):
                     index = torch.empty(x.shape[0], k, device="cuda", dtype=torch.int64)
                     kernels.launch_selection(
                         x, k, False, prob, index, scale, block=block, programs_per_sm=programs_per_sm, pdl=pdl,
-                        candidates=candidates, ahead=ahead,
+                        candidates=candidates,
                     )
                     problem = check_selection(x, k, False, prob, index, scale)
                     assert not problem, (dtype, x.shape, k, scale is not None, problem)

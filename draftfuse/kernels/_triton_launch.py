@@ -19,7 +19,6 @@ from draftfuse.kernels._triton_selection import (  # noqa: F401  (the tuning con
     _PDL,
     _MERGE,
     _MAX_TILES,
-    _AHEAD,
 )
 
 # (device type, index, stream) -> int32 [capacity rows, _WS_COLS], all INT32_MIN between launches. One per
@@ -153,15 +152,13 @@ def launch_selection(
     maxnreg: int | None = None,
     workspace: torch.Tensor | None = None,
     candidates: int | None = None,
-    ahead: int | None = None,
 ):
     """Top-k of each row of `logits` ([rows, vocab], last dim contiguous) into `prob` (float32) and
     `index` (int64), each holding rows * k contiguous elements, row-major. `scale`: None, or float32
     with one element per row (rows elements) or one for all (1 element): y = logits * scale.
     One kernel launch; scratch sized by shapes only, so it can be captured in a CUDA graph. The
     keywords override the tiling heuristics (tests and the benchmark's tuning use them; `candidates`, a
-    power of two >= 32, is a row's room for k > 1's candidates before the programs keep their own; `ahead`, 1
-    or 2, the tiles whose loads are in flight ahead of the one in use). Returns
+    power of two >= 32, is a row's room for k > 1's candidates before the programs keep their own). Returns
     Triton's compiled kernel (its n_regs, n_spills), None for no rows."""
     rows, vocab = logits.shape
     if rows == 0:
@@ -179,10 +176,7 @@ def launch_selection(
     cand = (candidates or _CANDIDATES) if k > 1 else 0
     if k > 1 and (cand < 32 or cand & (cand - 1)):
         raise ValueError(f"candidates must be a power of two >= 32, not {cand}")
-    ahead = ahead or _AHEAD[k == 1, rows <= 64]
-    if ahead not in (1, 2):
-        raise ValueError(f"ahead must be 1 or 2, not {ahead}")
-    key = (device.index, logits.dtype, k, scale is not None, block, pdl, maxnreg, sort, aligned, logits.stride(0) % 16 == 0, cand, ahead)
+    key = (device.index, logits.dtype, k, scale is not None, block, pdl, maxnreg, sort, aligned, logits.stride(0) % 16 == 0, cand)
     fit = _fits.get(key)
     if fit is not None and splits is None:
         programs_per_sm = min(programs_per_sm, fit)
@@ -204,7 +198,7 @@ def launch_selection(
         logits, logits.stride(0), vocab, chunk, splits, scale_arg, scale_stride,
         part, keys, ws, prob, index, int(log),
         K=k, BLOCK=block, V=16 // logits.element_size(), CAND=cand,
-        HAS_SCALE=scale is not None, GPU=cuda, PDL=pdl, SORT=sort, AHEAD=ahead, num_warps=1, **options,
+        HAS_SCALE=scale is not None, GPU=cuda, PDL=pdl, SORT=sort, num_warps=1, **options,
     )
     if fit is None and getattr(kernel, "n_regs", 0):  # the first launch of this kernel: note its occupancy
         _fits[key] = _programs_that_fit(kernel.n_regs)

@@ -2,10 +2,9 @@
 [rows, vocab] logits tensor, with softmax probabilities, in one pass over the logits and one launch.
 
 Each row is split into chunks, one single-warp program per (row, chunk), so that a small batch still
-fills the GPU; a tile is 512 elements, 16 per lane as 16-byte loads, the next tile's loads (for k > 1 at
-batch <= 64 the next two tiles') issued before this tile's math, and the grid stays within one wave.
-With a scale s per row the softmax is that of y = x * s and the order is that of u = x * sign(s): the
-exact order of x * s, which rounding in y could tie for float32 logits.
+fills the GPU; a tile is 512 elements, 16 per lane as 16-byte loads, the next tile's loads issued
+before this tile's math, and the grid stays within one wave. With a scale s per row the softmax is that of y = x * s and the order is that of
+u = x * sign(s): the exact order of x * s, which rounding in y could tie for float32 logits.
 
 Pass 1 (every program) streams its chunk tile by tile: the running max m and sum of exp(y - m)
 (online softmax), and
@@ -90,10 +89,6 @@ _PDL = True
 # k > 1: how a round merges 32 candidates into the top list: "sort" (a 64-wide bitonic sort) or
 # "rank" (32 x 32 comparisons; what Triton's interpreter always runs)
 _MERGE = "sort"
-# Pass 1's loads issued this many tiles ahead of the tile whose math runs, by k == 1 and batch <= 64:
-# on the H200, two ahead made k > 1 at batch <= 64 faster by a median 3.7% (0.93-1.03x over 64 points) at the
-# same registers, and k = 1 up to 1.3x slower at batch >= 32 (91 registers instead of 80) (notes/kernels.md)
-_AHEAD = {(True, True): 1, (True, False): 1, (False, True): 2, (False, False): 1}
 
 
 @triton.jit
@@ -260,10 +255,10 @@ def _selection_kernel(
     logits_ptr, row_stride, vocab, chunk, splits, scale_ptr, scale_stride,
     part_ptr, key_ptr, ws_ptr, prob_ptr, index_ptr, log,
     K: tl.constexpr, BLOCK: tl.constexpr, V: tl.constexpr, CAND: tl.constexpr,
-    HAS_SCALE: tl.constexpr, GPU: tl.constexpr, PDL: tl.constexpr, SORT: tl.constexpr, AHEAD: tl.constexpr,
+    HAS_SCALE: tl.constexpr, GPU: tl.constexpr, PDL: tl.constexpr, SORT: tl.constexpr,
 ):
     # GPU: compiled for a GPU (PTX exp), not run by Triton's interpreter; SORT: merge top lists by
-    # tl.sort rather than by ranks (see _merge_top); AHEAD: tiles loaded ahead of the one in use (1, 2)
+    # tl.sort rather than by ranks (see _merge_top)
     if PDL:
         # nothing above this line may touch memory: the previous kernel may still be running
         tl.extra.cuda.gdc_wait()
@@ -302,20 +297,14 @@ def _selection_kernel(
     tile_keys = tl.full([_MAX_TILES], _NO_KEY, tl.int32)
     own = tl.full([32], _NO_KEY, tl.int32)
 
-    # Pass 1: whole tiles, each tile's load issued AHEAD (1 or 2) tiles ahead so that its DRAM latency
-    # overlaps the math of the ones before (masks past the whole tiles switch the last prefetches off).
+    # Pass 1: whole tiles, each tile's load issued one tile ahead so that its DRAM latency overlaps
+    # the math of the one before (masks past the whole tiles switch the last prefetch off).
     full_end = start + (end - start) // BLOCK * BLOCK
     next_x = tl.load(row_ptr + start + lane_offs, mask=start + lane_offs < full_end, other=0.0)
-    if AHEAD == 2:
-        after_x = tl.load(row_ptr + start + BLOCK + lane_offs, mask=start + BLOCK + lane_offs < full_end, other=0.0)
     for tile in range(start, full_end, BLOCK):
         offs = tile + lane_offs
         x = next_x.to(tl.float32)
-        if AHEAD == 2:
-            next_x = after_x
-            after_x = tl.load(row_ptr + offs + 2 * BLOCK, mask=offs + 2 * BLOCK < full_end, other=0.0)
-        else:
-            next_x = tl.load(row_ptr + offs + BLOCK, mask=offs + BLOCK < full_end, other=0.0)
+        next_x = tl.load(row_ptr + offs + BLOCK, mask=offs + BLOCK < full_end, other=0.0)
         row_max, row_sum, best_u, best_i, best_y, tile_keys, own = _stream_tile(
             x, offs, offs < end, (tile - start) // BLOCK, s, s_sign, row_max, row_sum, best_u, best_i, best_y,
             tile_keys, own, slots_ptr, publish, K, False, HAS_SCALE, GPU,
