@@ -34,22 +34,6 @@ from draftfuse.graph.values import user_frame
 
 log = logging.getLogger("draftfuse")
 
-# CUDA builds of torch compare data pointers in C++ (CUDA graph trees check their static inputs with it)
-_pointers_at_equal = getattr(torch._C, "_tensors_data_ptrs_at_indices_equal", None)
-
-
-def same_pointers(tensors: Sequence[torch.Tensor], pointers: list[int]) -> bool:
-    """Whether tensors[i].data_ptr() == pointers[i] for every i (as many of each): on a CUDA build one C++
-    call, with no Python work per tensor; elsewhere a list of data pointers compared."""
-    if _pointers_at_equal is None:
-        return list(map(torch.Tensor.data_ptr, tensors)) == pointers
-    count = len(pointers)
-    indices = _INDICES.get(count) or _INDICES.setdefault(count, list(range(count)))
-    return len(tensors) == count and _pointers_at_equal(tensors, pointers, indices)
-
-
-_INDICES: dict[int, list[int]] = {}  # range(n) as the list the C++ call takes, per n
-
 
 class GraphRecorder:
     """The compiled region, run plainly once, then captured in a CUDA graph and replayed (see the module doc)."""
@@ -126,7 +110,7 @@ class GraphRecorder:
     def reads_in_place(self, sources: Sequence[torch.Tensor]) -> bool:
         """Whether the recorded graph reads `sources` where they are: the held inputs, at the addresses
         recorded (the guards pin their shapes, strides and dtypes, so the same memory)."""
-        return self.in_place and same_pointers(sources, self.in_place_pointers)
+        return self.in_place and list(map(torch.Tensor.data_ptr, sources)) == self.in_place_pointers
 
     def replay_for_caller(self, sources: Sequence[torch.Tensor], kept: Sequence[int], in_place: bool = False) -> list[Any]:
         """`replay`, returning the flat outputs with those at the indices `kept` (the ones the caller

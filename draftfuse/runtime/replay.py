@@ -39,7 +39,7 @@ import torch
 from torch.utils._pytree import tree_flatten, tree_unflatten
 
 from draftfuse.graph.values import source_name, user_frame
-from draftfuse.runtime.recorder import GraphRecorder, log, same_pointers
+from draftfuse.runtime.recorder import GraphRecorder, log
 
 # Python values Dynamo returns as constants: pinned by its guards unless passed through from an argument
 _PINNED = (type(None), bool, int, float, complex, str, bytes, torch.dtype, torch.device)
@@ -250,7 +250,7 @@ class Replay:
                 if explain:
                     log.debug("draftfuse: replay missed: %s", self.guard.check_verbose(f_locals).verbose_code_parts)
                 return False
-            if not same_pointers(self.held, self.pointers):
+            if list(map(torch.Tensor.data_ptr, self.held)) != self.pointers:
                 if explain:
                     log.debug("draftfuse: replay missed: a static tensor's storage moved")
                 return False
