@@ -43,8 +43,8 @@ REASONS: dict[tuple[str, str | None], str] = {
         "replay path adds Dynamo's C++ guards, argument binding and the output rebuild"
     ),
     ("sel_k1", None): (
-        "a fixed ~2 µs per call (one launch, a DRAM round trip, the atomic of the last-program merge), and "
-        "one-warp programs keep ~2 KB in flight, so 8-10 MB rows read below copy bandwidth (notes/kernels.md)"
+        "the kernel's fixed cost (one launch, a DRAM round trip, the last program's merge) comes on top of the "
+        "bytes and is most of a 5 µs budget; loads two tiles ahead did not help (notes/kernels.md)"
     ),
     ("sel_k", None): (
         "latency: 4.5-6.5 µs over k = 1 at batch 1, a chain of atomic round trips (slots, floor, candidates, "
@@ -133,6 +133,25 @@ def _host_reason(host: float | None, raw: float | None) -> str | None:
     return f"raw CUDA graph runner, same run: {raw:.1f} µs{above}; draftfuse / raw {host / raw:.2f}; the parts in notes/host.md"
 
 
+def _selection_reason(k: int, ours: float | None, batch1: float | None, k1: float | None, floor: float | None,
+                      limit: float | None) -> str | None:
+    """Why a selection time misses, from the same run: for k = 1 the kernel's time at batch 1 (the same
+    vocab: its fixed cost) plus the floor, against the target; for k > 1 what k = 1 takes at the point."""
+    if ours is None or limit is None:
+        return None
+    if k == 1 and batch1 is not None and floor is not None:  # a model, not a bound: streaming overlaps the fixed cost
+        return _then(f"fixed cost (batch 1 here) {batch1:.2f} µs and floor {floor:.2f} µs: {batch1 + floor:.2f} µs together", "sel_k1")
+    if k > 1 and k1 is not None:
+        return _then(f"k = 1 here {k1:.2f} µs, k = {k} adds {ours - k1:.2f}", "sel_k")
+    return None
+
+
+def _then(figures: str, target: str) -> str:
+    """A point's own figures, then the target's analysed reason where there is one."""
+    general = REASONS.get((target, None))
+    return f"{figures}; {general}" if general else figures
+
+
 def _tokens(target: str, where: str, r: dict | None) -> Point:
     value = None if r is None else r.get("tokens_match")
     met = value is True if value is not None else (False if r and (r.get("error") or r.get("notes")) else None)
@@ -197,11 +216,15 @@ def selection_points(rows: list[dict]) -> list[Point]:
                     where = f"{dtype} V={vocab} B={batch}" + (f" k={k}" if k > 1 else "")
                     ours = plain.get((dtype, vocab, batch, k, "draftfuse"))
                     limit, least_speedup = selection_limit(k, batch, floor)
-                    points.append(_bound("sel_k1" if k == 1 else "sel_k", where, _us(ours), limit, "<=", " µs", ours))
+                    k1 = _us(plain.get((dtype, vocab, batch, 1, "draftfuse")))
+                    why = _selection_reason(k, _us(ours), _us(plain.get((dtype, vocab, 1, k, "draftfuse"))), k1, floor, limit)
+                    points.append(_bound("sel_k1" if k == 1 else "sel_k", where, _us(ours), limit, "<=", " µs", ours, miss_reason=why))
                     if least_speedup is not None:
                         base = plain.get((dtype, vocab, batch, k, "softmax+topk"))
                         speedup = quotient(_us(base), _us(ours))
-                        points.append(_bound("sel_speedup", where, speedup, least_speedup, ">=", "×", ours, base))
+                        wanted = None if _us(base) is None or k1 is None else (
+                            _then(f"10x asks for {_us(base) / 10:.2f} µs here, k = 1 takes {k1:.2f}", "sel_speedup"))
+                        points.append(_bound("sel_speedup", where, speedup, least_speedup, ">=", "×", ours, base, miss_reason=wanted))
     # The grid's temperature rows, and any others present (e.g. of a --quick or --batches run).
     grid = [(d, v, b, k, variant) for d in SELECTION_DTYPES for v in SELECTION_VOCABS for b in SELECTION_BATCHES
             for k in SELECTION_KS for variant in ("softmax+topk", "draftfuse")]  # fmt: skip

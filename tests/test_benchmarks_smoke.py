@@ -94,6 +94,8 @@ def test_table_marks_each_target_met_or_missed_with_its_ratio(monkeypatch):
         _draft("eagle", 1, "draftfuse", 2200.0, host=None, host_note="host time: the call waits on the device"),
         _select(32000, 1, None, "floor", 4.0),
         _select(32000, 1, 1, "draftfuse", 5.5),  # ≤ max(1.5 × 4, 5) = 6: met
+        _select(32000, 8, None, "floor", 0.2),
+        _select(32000, 8, 1, "draftfuse", 6.0),  # 6 / 5 = 1.20: missed, beside batch 1's 5.5 µs (the fixed cost)
         _select(128256, 1, None, "floor", 1.0),
         _select(128256, 1, 1, "draftfuse", 7.0, notes="two dependent kernels"),  # 7 / 5 = 1.40: missed
         _select(128256, 1, 4, "softmax+topk", 80.0),
@@ -117,11 +119,15 @@ def test_table_marks_each_target_met_or_missed_with_its_ratio(monkeypatch):
         "<= 30.00 µs (ratio 1.50); eagle batch 1: – vs <= 30.00 µs. Reasons: host time: the call waits on the device (1×) |"
     )
     assert _line(table, "| selection k=1") == (
-        "| selection k=1 (index + exact max-prob): draftfuse ≤ max(1.5 × floor, 5 µs) | 1 | 1 | 38 | bfloat16 V=128256 "
-        "B=1: 7.00 µs vs <= 5.00 µs (ratio 1.40). Reasons: two dependent kernels (1×) |"
+        "| selection k=1 (index + exact max-prob): draftfuse ≤ max(1.5 × floor, 5 µs) | 1 | 2 | 37 | bfloat16 V=32000 "
+        "B=8: 6.00 µs vs <= 5.00 µs (ratio 1.20); bfloat16 V=128256 B=1: 7.00 µs vs <= 5.00 µs (ratio 1.40). Reasons: "
+        "fixed cost (batch 1 here) 5.50 µs and floor 0.20 µs: 5.70 µs together (1×); two dependent kernels (1×) |"
     )
-    assert "| 0 | 1 | 119 | bfloat16 V=128256 B=1 k=4: 8.80 µs vs <= 8.00 µs (ratio 1.10) |" in table
-    assert "| 0 | 1 | 95 | bfloat16 V=128256 B=1 k=4: 9.09× vs >= 10.00× (ratio 0.91) |" in table
+    # a miss's figures from the same run: what k = 1 takes at the point, what 10x asks for
+    assert ("| 0 | 1 | 119 | bfloat16 V=128256 B=1 k=4: 8.80 µs vs <= 8.00 µs (ratio 1.10). Reasons: k = 1 here 7.00 µs, "
+            "k = 4 adds 1.80 (1×) |") in table
+    assert ("| 0 | 1 | 95 | bfloat16 V=128256 B=1 k=4: 9.09× vs >= 10.00× (ratio 0.91). Reasons: 10x asks for 8.00 µs "
+            "here, k = 1 takes 7.00 (1×) |") in table
     assert "tokens match | 1 | 1 | 318 | bfloat16 V=128256 B=1 k=4 draftfuse: tokens match no |" in table
     assert _line(table, "| draftfuse device µs now / previous") == (
         "| draftfuse device µs now / previous results (wave 1) ≤ 1 (batch 1..64) | 1 | 1 | 10 | eagle batch 1: 1.03 vs "
