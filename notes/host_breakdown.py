@@ -24,8 +24,8 @@ Each figure is the median of 5 host_time batches; raw_cuda_graph and the three d
 
 import argparse
 import gc
-import os
 import json
+import os
 import sys
 import time
 from pathlib import Path

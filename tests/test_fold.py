@@ -4,12 +4,15 @@ Each fold compiles once (seconds on a CPU), so each test compiles one.
 """
 
 import inspect
+from collections import namedtuple
 
 import pytest
 import torch
 
+from draftfuse.passes.seed_fold.seam import mark_seam
 from draftfuse.runtime.draft_loop import draft_loop
 from draftfuse.runtime.fold import _by_keyword, fold
+from draftfuse.runtime.replay import _guard_nodes
 from tests.test_seed_fold import frozen_args, server_loop, server_seed
 
 pytestmark = pytest.mark.usefixtures("fresh_dynamo")
@@ -145,8 +148,6 @@ def test_the_seam_marker_leaves_no_guards_of_its_own():
     # The marker walks the seed's tuple itself: through torch's pytree, Dynamo guarded pytree's module
     # state (its registry's version, its leaf spec, its functions' code: 23 of the MTP draft's 191 guards),
     # and every replayed call checks the guard tree. A namedtuple of outputs comes back a namedtuple.
-    from draftfuse.runtime.replay import _guard_nodes
-
     worker = Worker(torch.device("cpu"))
     args = worker_args(torch.device("cpu"))
     draft = fold(worker.seed_step, worker.draft_steps)
@@ -154,10 +155,6 @@ def test_the_seam_marker_leaves_no_guards_of_its_own():
         draft(*args)
     sources = list(_guard_nodes(draft.draft._replays[0].guard.root))
     assert sources and not [s for s in sources if "_pytree" in s], [s for s in sources if "_pytree" in s][:3]
-
-    from collections import namedtuple
-
-    from draftfuse.passes.seed_fold.seam import mark_seam
 
     Seeded = namedtuple("Seeded", "token hidden")
     marked = mark_seam(({"a": [torch.ones(2)], "n": 3}, Seeded(torch.zeros(1), 2.0)))

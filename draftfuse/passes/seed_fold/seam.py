@@ -86,6 +86,8 @@ def _walk(value: Any, tensors: list[torch.Tensor]) -> bool:
     """Appends the tensors in `value` to `tensors`, walking tuples, namedtuples, lists and dicts; False
     where it meets another container (a tuple, list or dict subclass, say: pytree's to take apart)."""
     kind = type(value)
+    # the namedtuple test is written out here and in _rebuild, not shared: Dynamo traces both, and a helper
+    # function is one more global, so one more guard on every replayed call of a folded draft
     if kind is tuple or kind is list or kind is dict or (isinstance(value, tuple) and hasattr(kind, "_fields")):
         for seed_output in value.values() if kind is dict else value:  # (the draft's graph names nodes after it)
             if not _walk(seed_output, tensors):
