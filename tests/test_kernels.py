@@ -192,6 +192,14 @@ def run_interpreter_cases(dtype: torch.dtype) -> list[str]:
             kernels.launch_selection(logits, k, False, prob, index, splits=4, candidates=32)
             if problem := check_selection(logits, k, False, prob, index):
                 failures.append(f"{dtype}, {name}, 32 candidates: {problem}")
+        # more than 128 chunks a row (157 of 256 elements): the last program reads 256 partials; a merge
+        # that read only the first 128 picks the wrong index for two of the special rows
+        for name, logits, k in (("special-v40000-k1", special_rows(40000, dtype), 1),
+                                ("random-b2-v40000-k4", torch.randn(2, 40000, generator=g).to(dtype), 4)):
+            prob, index = torch.empty(logits.shape[0], k), torch.empty(logits.shape[0], k, dtype=torch.int64)
+            kernels.launch_selection(logits, k, False, prob, index, splits=160, block=256)
+            if problem := check_selection(logits, k, False, prob, index):
+                failures.append(f"{dtype}, {name}, 157 chunks: {problem}")
         # a per-call workspace (what a CUDA-graph capture without the shared one fills and uses)
         logits = special_rows(1000, dtype)
         prob, index = torch.empty(10, 4), torch.empty(10, 4, dtype=torch.int64)
@@ -334,6 +342,23 @@ def test_kernels_predicate():
     assert not selection_kernels_available("cuda", torch.bfloat16, 4, last_dim_contiguous=False)
     triton = importlib.util.find_spec("triton") is not None
     assert selection_kernels_available(torch.device("cuda", 0), torch.bfloat16, 16) == triton
+
+
+def test_plan_chunks_per_row(monkeypatch):
+    """The planner on an H200's 132 SMs: k = 1 rows take up to 256 chunks, k > 1 rows aim at 128 (asked for,
+    more), and a row never takes more chunks than tiles."""
+    if importlib.util.find_spec("triton") is None:
+        pytest.skip("Triton is not installed")
+    from draftfuse.kernels import _triton_launch
+
+    monkeypatch.setattr(_triton_launch, "_sm_count", lambda device: 132)
+    cuda = torch.device("cuda")
+    assert _triton_launch.plan(1, 262144, 1, cuda, programs_per_sm=24)[0] == 256
+    assert _triton_launch.plan(8, 262144, 1, cuda, programs_per_sm=24)[0] == 256
+    assert _triton_launch.plan(32, 262144, 1, cuda, programs_per_sm=24)[0] == 86  # 99 asked: 512 tiles in chunks of 6
+    assert _triton_launch.plan(1, 262144, 4, cuda, programs_per_sm=16)[0] == 128
+    assert _triton_launch.plan(1, 262144, 4, cuda, splits=200)[0] == 171  # chunks of 3 tiles
+    assert _triton_launch.plan(1, 32000, 1, cuda, programs_per_sm=24)[0] == 63  # one tile each
 
 
 BENCH_SIZES = [(b, v) for v in (32000, 128256, 151936, 262144) for b in (1, 8, 64, 256)] + [(3, 7), (5, 1000003)]

@@ -13,6 +13,7 @@ from draftfuse.kernels._triton_selection import (  # noqa: F401  (the tuning con
     _WS_COLS,
     _INT32_MIN,
     _MAX_SPLITS,
+    _TOPK_SPLITS,
     _CANDIDATES,
     _PROGRAMS_PER_SM,
     _BLOCK,
@@ -130,8 +131,8 @@ def plan(rows: int, vocab: int, k: int, device: torch.device, *, splits=None, bl
     block = _block(vocab, k, block)
     tiles = triton.cdiv(vocab, block)
     least = triton.cdiv(tiles, _MAX_TILES.value)
-    if splits is None:
-        splits = programs_per_sm * _sm_count(device) // rows
+    if splits is None:  # k > 1 aims at fewer chunks (_TOPK_SPLITS); asked for, any k takes up to _MAX_SPLITS
+        splits = min(programs_per_sm * _sm_count(device) // rows, _MAX_SPLITS if k == 1 else _TOPK_SPLITS)
     splits = max(least, min(splits, tiles, _MAX_SPLITS), 1)
     chunk = triton.cdiv(tiles, splits) * block
     return triton.cdiv(vocab, chunk), chunk, block
@@ -198,7 +199,7 @@ def launch_selection(
         logits, logits.stride(0), vocab, chunk, splits, scale_arg, scale_stride,
         part, keys, ws, prob, index, int(log),
         K=k, BLOCK=block, V=16 // logits.element_size(), CAND=cand,
-        HAS_SCALE=scale is not None, GPU=cuda, PDL=pdl, SORT=sort, num_warps=1, **options,
+        HAS_SCALE=scale is not None, GPU=cuda, PDL=pdl, SORT=sort, MERGE=128 if splits <= 128 else 256, num_warps=1, **options,
     )
     if fit is None and getattr(kernel, "n_regs", 0):  # the first launch of this kernel: note its occupancy
         _fits[key] = _programs_that_fit(kernel.n_regs)

@@ -2,8 +2,9 @@
 [rows, vocab] logits tensor, with softmax probabilities, in one pass over the logits and one launch.
 
 Each row is split into chunks, one single-warp program per (row, chunk), so that a small batch still
-fills the GPU; a tile is 512 elements, 16 per lane as 16-byte loads, the next tile's loads issued
-before this tile's math, and the grid stays within one wave. With a scale s per row the softmax is that of y = x * s and the order is that of
+fills the GPU (up to 256 chunks a row for k = 1, 128 for k > 1); a tile is 512 elements, 16 per lane
+as 16-byte loads, the next tile's loads issued before this tile's math, and the grid stays within one
+wave. With a scale s per row the softmax is that of y = x * s and the order is that of
 u = x * sign(s): the exact order of x * s, which rounding in y could tie for float32 logits.
 
 Pass 1 (every program) streams its chunk tile by tile: the running max m and sum of exp(y - m)
@@ -64,8 +65,8 @@ _NAN_KEY = tl.constexpr(2**31 - 1)
 _BIG_INDEX = tl.constexpr(2**31 - 1)
 _LOG2E = tl.constexpr(1.4426950408889634)
 _MAX_TILES = tl.constexpr(256)  # tiles per chunk: the length of a program's record of tile maxima
-_MAX_SPLITS = 128
-_MERGE_SPLITS = tl.constexpr(_MAX_SPLITS)  # the last program reads (max, sum) of all chunks at once
+_MAX_SPLITS = 256  # chunks per row at most; the last program reads every chunk's (max, sum) at once: MERGE of them
+_TOPK_SPLITS = 128  # k > 1 aims at no more: 256 chunks ran no faster for k > 1 (notes/kernels.md, "256 chunks a row")
 
 _INT32_MIN = -(2**31)
 _WS_COLS = tl.constexpr(64)  # workspace columns per row: [0] arrival counter, [1] candidates (k > 1), [32:64] slots (k > 1)
@@ -255,10 +256,10 @@ def _selection_kernel(
     logits_ptr, row_stride, vocab, chunk, splits, scale_ptr, scale_stride,
     part_ptr, key_ptr, ws_ptr, prob_ptr, index_ptr, log,
     K: tl.constexpr, BLOCK: tl.constexpr, V: tl.constexpr, CAND: tl.constexpr,
-    HAS_SCALE: tl.constexpr, GPU: tl.constexpr, PDL: tl.constexpr, SORT: tl.constexpr,
+    HAS_SCALE: tl.constexpr, GPU: tl.constexpr, PDL: tl.constexpr, SORT: tl.constexpr, MERGE: tl.constexpr,
 ):
     # GPU: compiled for a GPU (PTX exp), not run by Triton's interpreter; SORT: merge top lists by
-    # tl.sort rather than by ranks (see _merge_top)
+    # tl.sort rather than by ranks (see _merge_top); MERGE: a power of two >= splits (128 or 256)
     if PDL:
         # nothing above this line may touch memory: the previous kernel may still be running
         tl.extra.cuda.gdc_wait()
@@ -373,7 +374,7 @@ def _selection_kernel(
     if last:
         _merge_row(
             row, splits, s, s_sign, part_row, key_ptr, ws_row, slots_ptr, own, prob_ptr, index_ptr, log,
-            K, CAND, HAS_SCALE, SORT,
+            K, CAND, HAS_SCALE, SORT, MERGE,
         )
 
 
@@ -408,9 +409,9 @@ def _y_of(u, s, s_sign, HAS_SCALE: tl.constexpr):
 @triton.jit
 def _merge_row(
     row, splits, s, s_sign, part_row, key_ptr, ws_row, slots_ptr, own, prob_ptr, index_ptr, log,
-    K: tl.constexpr, CAND: tl.constexpr, HAS_SCALE: tl.constexpr, SORT: tl.constexpr,
+    K: tl.constexpr, CAND: tl.constexpr, HAS_SCALE: tl.constexpr, SORT: tl.constexpr, MERGE: tl.constexpr,
 ):
-    i = tl.arange(0, _MERGE_SPLITS)
+    i = tl.arange(0, MERGE)
     # .cg: straight from L2, where the other programs' writes are
     part_max = tl.load(part_row + i, mask=i < splits, other=float("-inf"), cache_modifier=".cg")
     part_sum = tl.load(part_row + splits + i, mask=i < splits, other=0.0, cache_modifier=".cg")
