@@ -1,0 +1,101 @@
+"""Which graph nodes cost the host time of a CUDA graph replay: notes/launch_probe.py found a replay of 1 to
+192 small aten kernels (memsets among them or not) at ~5 µs of host time, while the MTP draft's recorded
+graph (83 kernels + 8 memsets) replays in 13-21 µs. Here graphs of 48 nodes of one kind each, host µs per
+`graph.replay()` (draftfuse._measure.host_times: the GPU kept busy), all taking turns, beside the MTP
+draft's graphs (benchmarks/_drafts.py, reference size, bf16, batch 1: draftfuse's recording and the raw
+runner's), and the kernels one replay of draftfuse's MTP graph runs, by name (a torch.profiler trace, last).
+Usage (GPU): python notes/node_kind_probe.py [--out probe.json]
+"""
+
+import argparse
+import collections
+import gc
+import json
+import os
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+os.environ.setdefault("TEARDOWN_CUPTI", "1")
+
+import torch  # noqa: E402
+import torch.nn.functional as F  # noqa: E402
+
+import draftfuse  # noqa: E402, F401  (torch.ops.draftfuse)
+from draftfuse import _measure  # noqa: E402
+from draftfuse.kernels import _triton_launch  # noqa: E402
+
+NODES = 48
+
+
+def captured(op) -> torch.cuda.CUDAGraph:
+    graph, stream = torch.cuda.CUDAGraph(), torch.cuda.Stream()
+    with torch.cuda.stream(stream):
+        for _ in range(2):
+            op()  # compiles, warms the allocator and cuBLAS's workspace
+        torch.cuda.synchronize()
+        with torch.cuda.graph(graph):
+            for _ in range(NODES):
+                op()
+    return graph
+
+
+def kernels_of(graph) -> dict[str, int]:
+    torch.cuda.synchronize()
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
+        graph.replay()
+        torch.cuda.synchronize()
+    names = collections.Counter(e.name[:90] for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA)
+    return dict(names.most_common())
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--out")
+    args = parser.parse_args()
+    device = torch.device("cuda")
+    bf = dict(device=device, dtype=torch.bfloat16)
+    x = torch.zeros(1024, device=device)
+    a1, a32, w = torch.randn(1, 1024, **bf), torch.randn(32, 1024, **bf), torch.randn(4096, 1024, **bf)
+    q, kv = torch.randn(1, 8, 1, 64, **bf), torch.randn(1, 8, 512, 64, **bf)
+    logits = torch.randn(1, 32000, **bf)
+    prob, index = torch.empty(1, 1, device=device), torch.empty(1, 1, device=device, dtype=torch.int64)
+    fused = torch.compile(lambda t: (t * 2 + 1).relu_(), dynamic=False)
+    ops = {
+        "aten add_": lambda: x.add_(1),
+        "linear bf16 [1, 1024] x [4096, 1024] (cuBLAS)": lambda: F.linear(a1, w),
+        "linear bf16 [32, 1024] x [4096, 1024] (cuBLAS)": lambda: F.linear(a32, w),
+        "sdpa bf16, 1 query, 512 keys": lambda: F.scaled_dot_product_attention(q, kv, kv),
+        "Inductor Triton kernel": lambda: fused(x),
+        "selection kernel, PDL": lambda: _triton_launch.launch_selection(logits, 1, False, prob, index, pdl=True),
+        "selection kernel, no PDL": lambda: _triton_launch.launch_selection(logits, 1, False, prob, index, pdl=False),
+    }
+    graphs = {name: captured(op) for name, op in ops.items()}
+    calls = {f"{name} x {NODES}": g.replay for name, g in graphs.items()}
+    from benchmarks import _drafts
+    from draftfuse.runtime.draft_loop import DraftLoop
+
+    work = _drafts.build_mtp("reference", 1, device, torch.bfloat16)
+    raw = work.variants["raw_cuda_graph"]()
+    before = {id(o) for o in gc.get_objects() if type(o) is DraftLoop}
+    ours = work.variants["draftfuse"]()
+    for _ in range(4):
+        raw()
+        ours()
+    loop = next(o for o in gc.get_objects() if type(o) is DraftLoop and id(o) not in before and o._replays)
+    mtp_graph = loop._replays[0].recorder.graph
+    raw_graph = raw.__closure__[raw.__code__.co_freevars.index("state")].cell_contents.get("graph")
+    calls["mtp: draftfuse's recording"] = mtp_graph.replay
+    calls["mtp: the raw runner's graph"] = raw_graph.replay
+    torch.cuda.synchronize()
+    out = {"host us per replay": {k: t.us_per_call for k, t in _measure.host_times(calls, device, batches=9).items()}}
+    print(json.dumps(out, indent=1), flush=True)
+    out["kernels in one replay of draftfuse's mtp graph"] = kernels_of(mtp_graph)
+    out["kernels in one replay of the raw runner's mtp graph"] = kernels_of(raw_graph)
+    print(json.dumps(out, indent=1), flush=True)
+    if args.out:
+        Path(args.out).write_text(json.dumps(out, indent=1))
+
+
+if __name__ == "__main__":
+    main()
