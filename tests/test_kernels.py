@@ -422,20 +422,30 @@ def test_cuda_other_tilings(tile):
                     assert not problem, (dtype, x.shape, k, scale is not None, problem)
 
 
+def fill_kernels_in(graph: torch.cuda.CUDAGraph) -> int:
+    """How many fill kernels one replay of `graph` runs (a torch.profiler trace)."""
+    torch.cuda.synchronize()
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
+        graph.replay()
+        torch.cuda.synchronize()
+    return sum("FillFunctor" in e.name for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA)
+
+
 @pytest.mark.cuda
-@pytest.mark.parametrize("fresh_workspace", [False, True], ids=["shared-workspace", "captured-without-one"])
-def test_cuda_graph_replay_recomputes(fresh_workspace):
+@pytest.mark.parametrize("workspace", ["stream's", "none", "given"], ids=["stream-workspace", "captured-without-one", "graph-workspace"])
+def test_cuda_graph_replay_recomputes(workspace):
     kernels = _selection._triton_selection()
     static = torch.randn(8, 128256, device="cuda", dtype=torch.bfloat16)
     scale = torch.rand(8, device="cuda") + 0.5
     torch.ops.draftfuse.topk_prob(static, 4)  # compile the kernels outside the capture
     torch.ops.draftfuse.argmax_prob(static, False, scale)
     saved = dict(kernels._workspaces)
-    if fresh_workspace:
-        kernels._workspaces.clear()  # the capture must then fill a workspace of its own
+    if workspace == "none":
+        kernels._workspaces.clear()  # the capture must then fill a workspace of each launch's own
+    given = _selection.graph_workspace(torch.device("cuda")) if workspace == "given" else None
     try:
         graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph):
+        with _selection.capturing_with(given), torch.cuda.graph(graph):
             prob, index = torch.ops.draftfuse.topk_prob(static, 4)
             top1, top1_prob = torch.ops.draftfuse.argmax_prob(static, False, scale)
         for _ in range(3):
@@ -444,6 +454,10 @@ def test_cuda_graph_replay_recomputes(fresh_workspace):
             graph.replay()
             assert not check_selection(static, 4, False, prob, index)
             assert not check_selection(static, 1, False, top1_prob[:, None], top1[:, None], scale)
+        fills = fill_kernels_in(graph)
+        assert fills == 0 if workspace == "given" else fills == 2 if workspace == "none" else fills <= 2
+        if given is not None:
+            assert torch.all(given == INT32_MIN)  # left as found, so no replay fills it
     finally:
         kernels._workspaces.clear()
         kernels._workspaces.update(saved)

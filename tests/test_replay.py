@@ -555,6 +555,7 @@ class _SimulatedCudaGraph:
 def _simulated_recorder(monkeypatch, fn, static, spares=0):
     import contextlib
 
+    from draftfuse.kernels import selection as _selection
     from draftfuse.runtime.recorder import GraphRecorder
 
     @contextlib.contextmanager
@@ -585,6 +586,7 @@ def _simulated_recorder(monkeypatch, fn, static, spares=0):
     for name, value in {"CUDAGraph": _SimulatedCudaGraph, "Stream": Stream, "current_stream": lambda device=None: Stream(),
                         "stream": lambda s: contextlib.nullcontext(), "graph": graph}.items():  # fmt: skip
         monkeypatch.setattr(torch.cuda, name, value)
+    monkeypatch.setattr(_selection, "graph_workspace", lambda device: None)  # no selection kernels on the CPU
     device = type("Device", (), {"type": "cuda"})()
     return GraphRecorder(region, static, set(), device, spares=spares)
 

@@ -2,6 +2,7 @@
 design): the per-stream workspace, the grid (splits per row, programs per SM), and the launch.
 """
 
+import contextlib
 import functools
 import threading
 
@@ -24,11 +25,14 @@ from draftfuse.kernels._triton_selection import (  # noqa: F401  (the tuning con
 
 # (device type, index, stream) -> int32 [capacity rows, _WS_COLS], all INT32_MIN between launches. One per
 # stream: launches queued on one stream never overlap, while two streams' launches could share rows. (A
-# CUDA graph keeps the workspace of the stream it was captured on: draft_loop captures each draft on a
-# stream of its own; two graphs captured on one stream must not be replayed at the same time.)
+# CUDA graph keeps the workspace its launches found when captured: the one given by `capturing_with`, as
+# draftfuse's recorder gives each draft's graphs one of their own; else its capture stream's, or a copy
+# per launch filled by a kernel of the graph; two graphs sharing one must not be replayed at the same time.)
 _workspaces: dict = {}
 _retired: list = []  # workspaces outgrown: kept alive, as a launch still in flight may use one
 _side_streams: dict = {}
+_capture = threading.local()  # .workspace: what launches captured on this thread use (capturing_with)
+GRAPH_ROWS = 1024  # rows of a graph_workspace: 256 KiB
 
 
 def _fresh_workspace(rows: int, device: torch.device) -> torch.Tensor:
@@ -36,8 +40,12 @@ def _fresh_workspace(rows: int, device: torch.device) -> torch.Tensor:
 
 
 def _workspace(device: torch.device, rows: int) -> torch.Tensor:
-    """The device's persistent workspace with room for `rows`, or a per-call one (filled by a kernel of
-    its own) during a CUDA-graph capture that finds none large enough."""
+    """The device's persistent workspace with room for `rows`; during a CUDA-graph capture the one
+    `capturing_with` gives, else the capture stream's, else a per-call one (filled by a kernel of its own)."""
+    if device.type == "cuda" and torch.cuda.is_current_stream_capturing():
+        held = getattr(_capture, "workspace", None)
+        if held is not None and held.device == device and held.shape[0] >= rows:
+            return held
     stream = torch.cuda.current_stream(device).cuda_stream if device.type == "cuda" else 0
     key = (device.type, device.index, stream)
     ws = _workspaces.get(key)
@@ -51,6 +59,25 @@ def _workspace(device: torch.device, rows: int) -> torch.Tensor:
         _retired.append(ws)
     _workspaces[key] = new
     return new
+
+
+def graph_workspace(device: torch.device, rows: int = GRAPH_ROWS) -> torch.Tensor:
+    """A workspace for the launches of CUDA graphs still to be captured (`capturing_with`): made and filled
+    now, outside any capture and its memory pool; the launches leave it as they find it, so no replay
+    fills it again."""
+    return _allocate_outside_pools(rows, device)
+
+
+@contextlib.contextmanager
+def capturing_with(workspace: torch.Tensor):
+    """Selection launches captured inside this block, on this thread, use `workspace` (from graph_workspace)
+    where it has room for their rows, instead of their capture stream's or a copy filled in the graph."""
+    saved = getattr(_capture, "workspace", None)
+    _capture.workspace = workspace
+    try:
+        yield
+    finally:
+        _capture.workspace = saved
 
 
 def _allocate_outside_pools(capacity: int, device: torch.device) -> torch.Tensor:

@@ -30,10 +30,14 @@ are torch.library custom ops with fake implementations, so Dynamo, Inductor and 
 them as ordinary ops; the CUDA path makes no host sync and allocates by shape only, besides a
 per-stream workspace of counters that each launch leaves as it found it (created on the first call,
 outside CUDA-graph capture; see _triton_launch.py): calls on different streams use different
-workspaces, and two CUDA graphs captured on one stream must not be replayed at the same time.
+workspaces, and two CUDA graphs captured on one stream must not be replayed at the same time. A
+capture inside `capturing_with(graph_workspace(device))` uses that workspace instead (draftfuse's
+recorder gives each draft's graphs one, made before their capture): no fill kernel in the graph.
 """
 
+import contextlib
 import functools
+from typing import Any
 
 import torch
 
@@ -63,6 +67,19 @@ def selection_kernels_available(
         and last_dim_contiguous
         and _triton_selection() is not None
     )
+
+
+def graph_workspace(device: torch.device) -> Any:
+    """A workspace for the selection kernels of CUDA graphs to be captured on `device` (made now, outside
+    any capture), or None where the kernels don't run there."""
+    launch = _triton_selection()
+    return launch.graph_workspace(device) if launch is not None and device.type == "cuda" else None
+
+
+def capturing_with(workspace: Any) -> contextlib.AbstractContextManager:
+    """Selection launches captured in this block use `workspace` (graph_workspace's; None: as without)."""
+    launch = _triton_selection()
+    return launch.capturing_with(workspace) if launch is not None and workspace is not None else contextlib.nullcontext()
 
 
 def _check_k(logits: torch.Tensor, k: int) -> None:

@@ -31,6 +31,7 @@ import torch
 from torch.utils._pytree import tree_flatten
 
 from draftfuse.graph.values import user_frame
+from draftfuse.kernels import selection as _selection
 
 log = logging.getLogger("draftfuse")
 
@@ -58,6 +59,7 @@ class GraphRecorder:
         self.sizes: tuple = ()  # the inputs' shapes and strides, and the numbers among them, when recorded
         self.in_place = device.type == "cuda"  # the graph reads the capture call's own input tensors (see the doc)
         self.in_place_pointers: list[int] = []  # their data pointers, while it does
+        self.selection_workspace: torch.Tensor | None = None  # the selection kernels' in its graphs (_record)
         self.last_seen = 0  # draft_loop's: `calls` when it last looked for a call to build a Replay from
         self.refused: int | None = None  # draft_loop's: the generation a Replay was last refused for
         self.spare_count = spares  # recordings whose outputs are handed to callers (see _Spare); none off CUDA
@@ -209,11 +211,15 @@ class GraphRecorder:
         self.captured = True  # off CUDA: the static inputs are recorded, the region is called on each call's
 
     def _record(self) -> tuple[torch.cuda.CUDAGraph, Any]:
-        """Capture the region over `self.inputs` in a new CUDA graph (a private memory pool); its outputs."""
+        """Capture the region over `self.inputs` in a new CUDA graph (a private memory pool); its outputs.
+        The selection kernels in it share one workspace per recorder, made before its first capture (its
+        graphs replay one at a time), so that no launch fills a workspace of its own in the graph."""
+        if self.selection_workspace is None:
+            self.selection_workspace = _selection.graph_workspace(self.device)
         graph = torch.cuda.CUDAGraph()
         stream = torch.cuda.Stream(self.device)
         stream.wait_stream(torch.cuda.current_stream(self.device))
-        with torch.cuda.stream(stream), torch.cuda.graph(graph, stream=stream):
+        with torch.cuda.stream(stream), _selection.capturing_with(self.selection_workspace), torch.cuda.graph(graph, stream=stream):
             outputs = self.compiled(*self.inputs)
         torch.cuda.current_stream(self.device).wait_stream(stream)
         return graph, outputs
