@@ -1,9 +1,9 @@
 """Which graph nodes cost the host time of a CUDA graph replay: notes/launch_probe.py found a replay of 1 to
 192 small aten kernels (memsets among them or not) at ~5 µs of host time, while the MTP draft's recorded
-graph (83 kernels + 8 memsets) replays in 13-21 µs. Here graphs of 48 nodes of one kind each, host µs per
-`graph.replay()` (draftfuse._measure.host_times: the GPU kept busy), all taking turns, beside the MTP
-draft's graphs (benchmarks/_drafts.py, reference size, bf16, batch 1: draftfuse's recording and the raw
-runner's), and the kernels one replay of draftfuse's MTP graph runs, by name (a torch.profiler trace, last).
+graph (83 kernels + 8 memsets) replays in 13-21 µs. Here graphs of 48 nodes of one kind each (and of
+all kinds in turn), host µs per `graph.replay()` (draftfuse._measure.host_times: the GPU kept busy), all
+taking turns, beside the MTP draft's graphs (benchmarks/_drafts.py, reference size, bf16, batch 1:
+draftfuse's recording and the raw runner's), and the kernels one replay of draftfuse's MTP graph runs, by name (a torch.profiler trace, last).
 Usage (GPU): python notes/node_kind_probe.py [--out probe.json]
 """
 
@@ -61,6 +61,23 @@ def main() -> None:
     logits = torch.randn(1, 32000, **bf)
     prob, index = torch.empty(1, 1, device=device), torch.empty(1, 1, device=device, dtype=torch.int64)
     fused = torch.compile(lambda t: (t * 2 + 1).relu_(), dynamic=False)
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    def cudnn_sdpa():
+        with sdpa_kernel([SDPBackend.CUDNN_ATTENTION]):
+            return F.scaled_dot_product_attention(q16, kv16, kv16)
+
+    q16, kv16 = torch.randn(1, 16, 1, 128, **bf), torch.randn(1, 16, 1024, 128, **bf)
+    a4k, w_tall = torch.randn(1, 4096, **bf), torch.randn(1024, 4096, **bf)
+    distinct = [torch.compile(lambda t, c=c: (t * c + 1).relu_(), dynamic=False) for c in range(2, 10)]
+    turn = [0]
+
+    def in_turn(fns):
+        def op():
+            turn[0] += 1
+            return fns[turn[0] % len(fns)]()
+        return op
+
     ops = {
         "aten add_": lambda: x.add_(1),
         "linear bf16 [1, 1024] x [4096, 1024] (cuBLAS)": lambda: F.linear(a1, w),
@@ -69,8 +86,19 @@ def main() -> None:
         "Inductor Triton kernel": lambda: fused(x),
         "selection kernel, PDL": lambda: _triton_launch.launch_selection(logits, 1, False, prob, index, pdl=True),
         "selection kernel, no PDL": lambda: _triton_launch.launch_selection(logits, 1, False, prob, index, pdl=False),
+        "cuDNN sdpa bf16, 1 query, 1024 keys": cudnn_sdpa,
+        "linear bf16 [1, 4096] x [1024, 4096] (split-K?)": lambda: F.linear(a4k, w_tall),
+        "8 Inductor kernels in turn": in_turn([lambda f=f: f(x) for f in distinct]),
     }
-    graphs = {name: captured(op) for name, op in ops.items()}
+    for f in distinct:
+        f(x)  # compiled before any capture
+    graphs, failed = {}, {}
+    for name, op in ops.items():
+        try:
+            graphs[name] = captured(op)
+        except Exception as error:  # a kind this torch build can't run here (cuDNN attention, say)
+            failed[name] = repr(error)[:300]
+    graphs["every kind above in turn"] = captured(in_turn([ops[name] for name in list(graphs)]))
     calls = {f"{name} x {NODES}": g.replay for name, g in graphs.items()}
     from benchmarks import _drafts
     from draftfuse.runtime.draft_loop import DraftLoop
@@ -88,8 +116,9 @@ def main() -> None:
     calls["mtp: draftfuse's recording"] = mtp_graph.replay
     calls["mtp: the raw runner's graph"] = raw_graph.replay
     torch.cuda.synchronize()
-    out = {"host us per replay": {k: t.us_per_call for k, t in _measure.host_times(calls, device, batches=9).items()}}
+    out = {"host us per replay": {k: t.us_per_call for k, t in _measure.host_times(calls, device, batches=9).items()}, "failed": failed}
     print(json.dumps(out, indent=1), flush=True)
+    out["kernels of each probe graph"] = {name: kernels_of(g) for name, g in graphs.items()}
     out["kernels in one replay of draftfuse's mtp graph"] = kernels_of(mtp_graph)
     out["kernels in one replay of the raw runner's mtp graph"] = kernels_of(raw_graph)
     print(json.dumps(out, indent=1), flush=True)
