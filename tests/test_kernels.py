@@ -361,6 +361,35 @@ def test_plan_chunks_per_row(monkeypatch):
     assert _triton_launch.plan(1, 32000, 1, cuda, programs_per_sm=24)[0] == 63  # one tile each
 
 
+def test_captured_launches_use_the_given_workspace_while_it_fits(monkeypatch):
+    """During a capture, `capturing_with`'s workspace (on the logits' device, with room for the rows) is the
+    one a launch gets; otherwise, and outside the block (nested blocks restore the outer one), the capture
+    stream's or a per-launch copy, as without it. On the CPU: stand-ins for the capture state and tensors."""
+    if importlib.util.find_spec("triton") is None:
+        pytest.skip("Triton is not installed")
+    import types
+
+    from draftfuse.kernels import _triton_launch
+
+    cuda0, cuda1 = torch.device("cuda", 0), torch.device("cuda", 1)
+    monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", lambda: True)
+    monkeypatch.setattr(torch.cuda, "current_stream", lambda device=None: types.SimpleNamespace(cuda_stream=12345))
+    monkeypatch.setattr(_triton_launch, "_fresh_workspace", lambda rows, device: ("per-launch copy", rows))
+    monkeypatch.setattr(_triton_launch, "_workspaces", {})
+    outer = types.SimpleNamespace(device=cuda0, shape=(1024, 64))
+    inner = types.SimpleNamespace(device=cuda0, shape=(16, 64))
+    assert _triton_launch._workspace(cuda0, 8) == ("per-launch copy", 8)
+    with _triton_launch.capturing_with(outer):
+        assert _triton_launch._workspace(cuda0, 8) is outer
+        assert _triton_launch._workspace(cuda0, 2000) == ("per-launch copy", 2000)  # no room
+        assert _triton_launch._workspace(cuda1, 8) == ("per-launch copy", 8)  # another device
+        with _triton_launch.capturing_with(inner):
+            assert _triton_launch._workspace(cuda0, 8) is inner
+            assert _triton_launch._workspace(cuda0, 100) == ("per-launch copy", 100)
+        assert _triton_launch._workspace(cuda0, 100) is outer
+    assert _triton_launch._workspace(cuda0, 8) == ("per-launch copy", 8)
+
+
 BENCH_SIZES = [(b, v) for v in (32000, 128256, 151936, 262144) for b in (1, 8, 64, 256)] + [(3, 7), (5, 1000003)]
 
 
