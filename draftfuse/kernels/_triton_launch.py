@@ -32,7 +32,7 @@ _workspaces: dict = {}
 _retired: list = []  # workspaces outgrown: kept alive, as a launch still in flight may use one
 _side_streams: dict = {}
 _capture = threading.local()  # .workspace: what launches captured on this thread use (capturing_with)
-GRAPH_ROWS = 1024  # rows of a graph_workspace: 256 KiB
+_GRAPH_ROWS = 1024  # rows of a graph_workspace: 256 KiB
 
 
 def _fresh_workspace(rows: int, device: torch.device) -> torch.Tensor:
@@ -42,10 +42,9 @@ def _fresh_workspace(rows: int, device: torch.device) -> torch.Tensor:
 def _workspace(device: torch.device, rows: int) -> torch.Tensor:
     """The device's persistent workspace with room for `rows`; during a CUDA-graph capture the one
     `capturing_with` gives, else the capture stream's, else a per-call one (filled by a kernel of its own)."""
-    if device.type == "cuda" and torch.cuda.is_current_stream_capturing():
-        held = getattr(_capture, "workspace", None)
-        if held is not None and held.device == device and held.shape[0] >= rows:
-            return held
+    held = getattr(_capture, "workspace", None)  # first: an eager launch (none held) pays no capture query
+    if held is not None and held.device == device and held.shape[0] >= rows and torch.cuda.is_current_stream_capturing():
+        return held
     stream = torch.cuda.current_stream(device).cuda_stream if device.type == "cuda" else 0
     key = (device.type, device.index, stream)
     ws = _workspaces.get(key)
@@ -61,7 +60,7 @@ def _workspace(device: torch.device, rows: int) -> torch.Tensor:
     return new
 
 
-def graph_workspace(device: torch.device, rows: int = GRAPH_ROWS) -> torch.Tensor:
+def graph_workspace(device: torch.device, rows: int = _GRAPH_ROWS) -> torch.Tensor:
     """A workspace for the launches of CUDA graphs still to be captured (`capturing_with`): made and filled
     now, outside any capture and its memory pool; the launches leave it as they find it, so no replay
     fills it again."""
