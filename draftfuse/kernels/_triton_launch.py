@@ -23,6 +23,11 @@ from draftfuse.kernels._triton_selection import (  # noqa: F401  (the tuning con
     _MAX_TILES,
 )
 
+from draftfuse.kernels._triton_argmax import _argmax_kernel
+
+_ARGMAX = "lanes"  # k = 1: "lanes" (_triton_argmax.py) or "tiles" (_selection_kernel)
+_AHEAD = 1
+
 # (device type, index, stream) -> int32 [capacity rows, _WS_COLS], all INT32_MIN between launches. One per
 # stream: launches queued on one stream never overlap, while two streams' launches could share rows. (A
 # CUDA graph keeps the workspace its launches found when captured: the one given by `capturing_with`, as
@@ -179,6 +184,8 @@ def launch_selection(
     maxnreg: int | None = None,
     workspace: torch.Tensor | None = None,
     candidates: int | None = None,
+    argmax: str | None = None,
+    ahead: int | None = None,
 ):
     """Top-k of each row of `logits` ([rows, vocab], last dim contiguous) into `prob` (float32) and
     `index` (int64), each holding rows * k contiguous elements, row-major. `scale`: None, or float32
@@ -203,7 +210,9 @@ def launch_selection(
     cand = (candidates or _CANDIDATES) if k > 1 else 0
     if k > 1 and (cand < 32 or cand & (cand - 1)):
         raise ValueError(f"candidates must be a power of two >= 32, not {cand}")
-    key = (device.index, logits.dtype, k, scale is not None, block, pdl, maxnreg, sort, aligned, logits.stride(0) % 16 == 0, cand)
+    lanes = k == 1 and (argmax or _ARGMAX) == "lanes"
+    ahead = ahead or _AHEAD
+    key = (device.index, logits.dtype, k, scale is not None, block, pdl, maxnreg, sort, aligned, logits.stride(0) % 16 == 0, cand, lanes, ahead)
     fit = _fits.get(key)
     if fit is not None and splits is None:
         programs_per_sm = min(programs_per_sm, fit)
@@ -221,12 +230,13 @@ def launch_selection(
     options = {"enable_fp_fusion": False, **({"launch_pdl": True} if pdl else {})} if cuda else {}
     if maxnreg:
         options["maxnreg"] = maxnreg
-    kernel = _selection_kernel[(rows, splits)](
-        logits, logits.stride(0), vocab, chunk, splits, scale_arg, scale_stride,
-        part, keys, ws, prob, index, int(log),
-        K=k, BLOCK=block, V=16 // logits.element_size(), CAND=cand,
-        HAS_SCALE=scale is not None, GPU=cuda, PDL=pdl, SORT=sort, MERGE=128 if splits <= 128 else 256, num_warps=1, **options,
-    )
+    args = (logits, logits.stride(0), vocab, chunk, splits, scale_arg, scale_stride, part, keys, ws, prob, index, int(log))
+    common = dict(BLOCK=block, V=16 // logits.element_size(), HAS_SCALE=scale is not None, GPU=cuda, PDL=pdl,
+                  MERGE=128 if splits <= 128 else 256, num_warps=1, **options)
+    if lanes:
+        kernel = _argmax_kernel[(rows, splits)](*args, AHEAD=ahead, **common)
+    else:
+        kernel = _selection_kernel[(rows, splits)](*args, K=k, CAND=cand, SORT=sort, **common)
     if fit is None and getattr(kernel, "n_regs", 0):  # the first launch of this kernel: note its occupancy
         _fits[key] = _programs_that_fit(kernel.n_regs)
     return kernel

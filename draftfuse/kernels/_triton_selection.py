@@ -360,6 +360,19 @@ def _selection_kernel(
         # [K, splits] slot-major after the candidates: _EMPTY unless some of this program's didn't fit
         tl.store(key_row + CAND + lanes * splits + split, top, mask=lanes < K)
 
+    _arrive(
+        row, split, splits, row_max, row_sum, s, s_sign, part_ptr, key_ptr, ws_row, slots_ptr, own, prob_ptr, index_ptr,
+        log, K, CAND, HAS_SCALE, SORT, MERGE,
+    )
+
+
+@triton.jit
+def _arrive(
+    row, split, splits, row_max, row_sum, s, s_sign, part_ptr, key_ptr, ws_row, slots_ptr, own, prob_ptr, index_ptr, log,
+    K: tl.constexpr, CAND: tl.constexpr, HAS_SCALE: tl.constexpr, SORT: tl.constexpr, MERGE: tl.constexpr,
+):
+    """A program's end: its (max, sum) partial written, it counts itself in, and the row's last program
+    merges (its key, for k = 1, and k > 1's candidates are written before)."""
     part_row = part_ptr + row.to(tl.int64) * 2 * splits
     tl.store(part_row + split, row_max)
     tl.store(part_row + splits + split, row_sum)

@@ -1,0 +1,153 @@
+"""Triton kernel behind argmax_prob on CUDA (k = 1): the argmax of each row of [rows, vocab] logits and
+its exact softmax probability, in one pass over the logits and one launch.
+
+The grid, the tiles and the end are those of _triton_selection.py's kernel (single-warp programs, one per
+(row, chunk); 512-element tiles as [32, J, V], lane axis first, 16-byte loads; each tile's load issued
+AHEAD tiles before its math; the (max, sum) partials, an arrival counter and the row's last program
+merging them). What differs is pass 1: every lane keeps its own state and no tile needs the warp.
+
+  lane state: the running max m of y = x * s over its elements, the sum of exp(y - m) (online softmax),
+              and the best u = x * sign(s) so far with the first index holding it (u = y unscaled)
+  per tile:   each lane's max of its 16 elements, its running (m, sum) rescaled, and, where its max of u
+              beats its best strictly, the first of its elements equal to that max: compares in
+              registers, no shuffle, no barrier
+  chunk end:  three warp reductions: the max of m, the sum rescaled to it, and the max of the packed
+              (order key of u, 2**31 - 1 - index) keys, which picks the larger u and, on ties, the lower
+              index (a lane's elements ascend, so its strict compares keep its first).
+
+Strict order per lane and the packed ties across lanes give torch.argmax's index: the first maximum,
+-0.0 tying with +0.0, and index 0 (the first element) for a row of -inf. NaN: a lane whose elements
+hold a NaN of y (or +inf - +inf) ends with a NaN sum; the chunk's sum is then NaN, and only then the
+program re-reads its chunk for the first NaN of u (torch puts NaN above everything), which takes the
+chunk. Every NaN of u is a NaN of y (x NaN, s NaN, or x = +-inf with s = 0), so none is missed; the
+other NaN sums (+inf in y) find none and keep the lanes' answer. Measured on an H200: notes/kernels.md.
+"""
+
+import triton
+import triton.language as tl
+
+from draftfuse.kernels._triton_selection import (
+    _BIG_INDEX, _LOG2E, _NAN_KEY, _WS_COLS, _arrive, _exp2, _lane_max, _order_key, _pack,
+)
+
+
+@triton.jit
+def _lane_min(x):
+    """[32, J, V] -> [32]: each lane's own elements, no shuffles."""
+    return tl.min(tl.min(x, 2), 1)
+
+
+@triton.jit
+def _lanes_tile(x, tile, lane_offs, valid, s, s_sign, m, lane_sum, best_u, best_i,
+                MASKED: tl.constexpr, HAS_SCALE: tl.constexpr, BLOCK: tl.constexpr, GPU: tl.constexpr):
+    """Folds one tile into every lane's (m, sum, best u, its first index)."""
+    if HAS_SCALE:
+        y = x * s
+    else:
+        y = x
+    if MASKED:
+        y = tl.where(valid, y, float("-inf"))
+    tile_m = _lane_max(y)
+    new_m = tl.where(tile_m > m, tile_m, m)  # never NaN: NaN compares false
+    # a lane whose elements are all -inf so far shifts by 0, so that they add exp(-inf) = 0, not NaN
+    shift = tl.where(new_m == float("-inf"), 0.0, new_m)
+    tile_sum = tl.sum(tl.sum(_exp2((y - shift[:, None, None]) * _LOG2E, GPU), 2), 1)
+    lane_sum = lane_sum * tl.exp2((m - shift) * _LOG2E) + tile_sum
+    if HAS_SCALE:
+        u = x * s_sign
+        if MASKED:
+            u = tl.where(valid, u, float("-inf"))
+        tile_u = _lane_max(u)
+    else:
+        u = y
+        tile_u = tile_m
+    first = tile + _lane_min(tl.where(u == tile_u[:, None, None], lane_offs, BLOCK))
+    take = tile_u > best_u  # strict: a lane keeps its first maximum
+    return new_m, lane_sum, tl.where(take, tile_u, best_u), tl.where(take, first, best_i)
+
+
+@triton.jit
+def _first_nan(row_ptr, start, end, lane_offs, s_sign, HAS_SCALE: tl.constexpr, BLOCK: tl.constexpr):
+    """The index of the chunk's first NaN of u, or _BIG_INDEX: the rare path, when a sum came out NaN."""
+    found = tl.full([], _BIG_INDEX, tl.int32)
+    tile = start
+    while (tile < end) & (found == _BIG_INDEX):
+        offs = tile + lane_offs
+        valid = offs < end
+        u = tl.load(row_ptr + offs, mask=valid, other=0.0).to(tl.float32)
+        if HAS_SCALE:
+            u = u * s_sign
+        found = tl.min(tl.min(tl.min(tl.where(valid & (u != u), offs, _BIG_INDEX), 2), 1), 0)
+        tile += BLOCK
+    return found
+
+
+@triton.jit(do_not_specialize=["vocab", "splits", "scale_stride", "log"])
+def _argmax_kernel(
+    logits_ptr, row_stride, vocab, chunk, splits, scale_ptr, scale_stride,
+    part_ptr, key_ptr, ws_ptr, prob_ptr, index_ptr, log,
+    BLOCK: tl.constexpr, V: tl.constexpr, AHEAD: tl.constexpr,
+    HAS_SCALE: tl.constexpr, GPU: tl.constexpr, PDL: tl.constexpr, MERGE: tl.constexpr,
+):
+    # the arguments are _selection_kernel's for K = 1 (no candidates); AHEAD: tiles loaded ahead (1 or 2)
+    if PDL:
+        # nothing above this line may touch memory: the previous kernel may still be running
+        tl.extra.cuda.gdc_wait()
+        tl.extra.cuda.gdc_launch_dependents()
+    row = tl.program_id(0)
+    split = tl.program_id(1)
+    start = split * chunk
+    end = tl.minimum(start + chunk, vocab)
+    row_ptr = logits_ptr + row.to(tl.int64) * row_stride
+    ws_row = ws_ptr + row.to(tl.int64) * _WS_COLS
+    J: tl.constexpr = BLOCK // (32 * V)
+    lanes = tl.arange(0, 32)
+    lane_offs = lanes[:, None, None] * V + tl.arange(0, J)[None, :, None] * (32 * V) + tl.arange(0, V)[None, None, :]
+    if HAS_SCALE:
+        s = tl.load(scale_ptr + row.to(tl.int64) * scale_stride).to(tl.float32)
+        s_sign = tl.where(s > 0, 1.0, tl.where(s < 0, -1.0, s * 0.0))  # 0 for s = 0, NaN for a NaN s
+    else:
+        s = 1.0
+        s_sign = 1.0
+    m = tl.full([32], float("-inf"), tl.float32)
+    lane_sum = tl.zeros([32], tl.float32)
+    best_u = tl.full([32], float("-inf"), tl.float32)
+    best_i = start + lanes * V  # a lane's first element: the index of a row of -inf (lane 0's wins the ties)
+
+    full_end = start + (end - start) // BLOCK * BLOCK
+    ahead = tl.load(row_ptr + start + lane_offs, mask=start + lane_offs < full_end, other=0.0)
+    if AHEAD == 2:
+        ahead2 = tl.load(row_ptr + start + BLOCK + lane_offs, mask=start + BLOCK + lane_offs < full_end, other=0.0)
+    for tile in range(start, full_end, BLOCK):
+        x = ahead.to(tl.float32)
+        if AHEAD == 2:
+            ahead = ahead2
+            next_offs = tile + 2 * BLOCK + lane_offs
+            ahead2 = tl.load(row_ptr + next_offs, mask=next_offs < full_end, other=0.0)
+        else:
+            next_offs = tile + BLOCK + lane_offs
+            ahead = tl.load(row_ptr + next_offs, mask=next_offs < full_end, other=0.0)
+        m, lane_sum, best_u, best_i = _lanes_tile(
+            x, tile, lane_offs, True, s, s_sign, m, lane_sum, best_u, best_i, False, HAS_SCALE, BLOCK, GPU
+        )
+    if full_end < end:  # the ragged tail
+        offs = full_end + lane_offs
+        valid = offs < end
+        x = tl.load(row_ptr + offs, mask=valid, other=0.0).to(tl.float32)
+        m, lane_sum, best_u, best_i = _lanes_tile(
+            x, full_end, lane_offs, valid, s, s_sign, m, lane_sum, best_u, best_i, True, HAS_SCALE, BLOCK, GPU
+        )
+
+    row_max = tl.max(m, 0)
+    shift = tl.where(row_max == float("-inf"), 0.0, row_max)
+    row_sum = tl.sum(lane_sum * tl.exp2((m - shift) * _LOG2E), 0)
+    key = tl.max(_pack(_order_key(best_u), best_i), 0)
+    if row_sum != row_sum:
+        nan_i = _first_nan(row_ptr, start, end, lane_offs, s_sign, HAS_SCALE, BLOCK)
+        if nan_i < _BIG_INDEX:
+            key = _pack(tl.full([], _NAN_KEY, tl.int32), nan_i)
+    tl.store(key_ptr + row.to(tl.int64) * splits + split, key)
+    _arrive(
+        row, split, splits, row_max, row_sum, s, s_sign, part_ptr, key_ptr, ws_row, ws_row + 32, m.to(tl.int32),
+        prob_ptr, index_ptr, log, 1, 0, HAS_SCALE, False, MERGE,
+    )
