@@ -1,7 +1,8 @@
 """k = 1 with per-lane state (draftfuse/kernels/_triton_argmax.py) against the tile-wise k = 1 path of
 _selection_kernel, side by side in one process on a GPU: every k = 1 point of the selection targets
 (bf16 and fp32, vocab 32000 .. 262144, batch 1 .. 256; scaled rows at vocab 128256), with one or two
-tiles loaded ahead and 16, 24 or 32 programs per SM. Result: notes/kernels.md ("Per-lane state for
+tiles loaded ahead and 16, 24 or 32 programs per SM (first run), then programs of 1, 2, 4 or 8 warps
+(second run: the tile is 512 elements a warp, the programs per SM the one-warp count over the warps). Result: notes/kernels.md ("Per-lane state for
 k = 1"), raw figures in notes/argmax_probe_h200.json.
 
 First every variant is checked against the reference: special rows (NaN, +-inf, ties, -0.0, all -inf)
@@ -30,11 +31,12 @@ from tests.test_kernels import check_selection, rounding_ties, special_rows, spe
 # name -> launch_selection keywords (programs_per_sm None: the module's default for the dtype)
 VARIANTS = {
     "tiles": dict(argmax="tiles"),
-    "lanes": dict(argmax="lanes", ahead=1),
-    "lanes 32/SM": dict(argmax="lanes", ahead=1, programs_per_sm=32),
-    "lanes ahead 2": dict(argmax="lanes", ahead=2),
-    "lanes ahead 2 32/SM": dict(argmax="lanes", ahead=2, programs_per_sm=32),
-    "lanes 16/SM": dict(argmax="lanes", ahead=1, programs_per_sm=16),
+    "lanes": dict(argmax="lanes", ahead=1, warps=1),
+    "lanes 2 warps": dict(argmax="lanes", ahead=1, warps=2),
+    "lanes 4 warps": dict(argmax="lanes", ahead=1, warps=4),
+    "lanes 4 warps 8/SM": dict(argmax="lanes", ahead=1, warps=4, programs_per_sm=8),
+    "lanes 8 warps": dict(argmax="lanes", ahead=1, warps=8),
+    "lanes 4 warps ahead 2": dict(argmax="lanes", ahead=2, warps=4),
 }
 
 
