@@ -197,7 +197,7 @@ def run_interpreter_cases(dtype: torch.dtype) -> list[str]:
         for name, logits, k in (("special-v40000-k1", special_rows(40000, dtype), 1),
                                 ("random-b2-v40000-k4", torch.randn(2, 40000, generator=g).to(dtype), 4)):
             prob, index = torch.empty(logits.shape[0], k), torch.empty(logits.shape[0], k, dtype=torch.int64)
-            kernels.launch_selection(logits, k, False, prob, index, splits=160, block=256, warps=1)
+            kernels.launch_selection(logits, k, False, prob, index, splits=160, block=256)
             if problem := check_selection(logits, k, False, prob, index):
                 failures.append(f"{dtype}, {name}, 157 chunks: {problem}")
         # a per-call workspace (what a CUDA-graph capture without the shared one fills and uses)

@@ -86,11 +86,10 @@ def _first_nan(row_ptr, start, end, lane_offs, s_sign, HAS_SCALE: tl.constexpr, 
 def _argmax_kernel(
     logits_ptr, row_stride, vocab, chunk, splits, scale_ptr, scale_stride,
     part_ptr, key_ptr, ws_ptr, prob_ptr, index_ptr, log,
-    BLOCK: tl.constexpr, V: tl.constexpr, AHEAD: tl.constexpr, LANES: tl.constexpr,
-    HAS_SCALE: tl.constexpr, GPU: tl.constexpr, PDL: tl.constexpr, MERGE: tl.constexpr,
+    BLOCK: tl.constexpr, V: tl.constexpr, HAS_SCALE: tl.constexpr, GPU: tl.constexpr, PDL: tl.constexpr,
+    MERGE: tl.constexpr,
 ):
-    # the arguments are _selection_kernel's for K = 1 (no candidates); AHEAD: tiles loaded ahead (1 or 2);
-    # LANES: 32 x the program's warps (the tile's first axis, a thread each)
+    # the arguments are _selection_kernel's for K = 1 (no candidates)
     if PDL:
         # nothing above this line may touch memory: the previous kernel may still be running
         tl.extra.cuda.gdc_wait()
@@ -101,33 +100,27 @@ def _argmax_kernel(
     end = tl.minimum(start + chunk, vocab)
     row_ptr = logits_ptr + row.to(tl.int64) * row_stride
     ws_row = ws_ptr + row.to(tl.int64) * _WS_COLS
-    J: tl.constexpr = BLOCK // (LANES * V)
-    lanes = tl.arange(0, LANES)
-    lane_offs = lanes[:, None, None] * V + tl.arange(0, J)[None, :, None] * (LANES * V) + tl.arange(0, V)[None, None, :]
+    J: tl.constexpr = BLOCK // (32 * V)
+    lanes = tl.arange(0, 32)
+    lane_offs = lanes[:, None, None] * V + tl.arange(0, J)[None, :, None] * (32 * V) + tl.arange(0, V)[None, None, :]
     if HAS_SCALE:
         s = tl.load(scale_ptr + row.to(tl.int64) * scale_stride).to(tl.float32)
         s_sign = tl.where(s > 0, 1.0, tl.where(s < 0, -1.0, s * 0.0))  # 0 for s = 0, NaN for a NaN s
     else:
         s = 1.0
         s_sign = 1.0
-    m = tl.full([LANES], float("-inf"), tl.float32)
-    lane_sum = tl.zeros([LANES], tl.float32)
-    best_u = tl.full([LANES], float("-inf"), tl.float32)
+    m = tl.full([32], float("-inf"), tl.float32)
+    lane_sum = tl.zeros([32], tl.float32)
+    best_u = tl.full([32], float("-inf"), tl.float32)
     best_i = start + lanes * V  # a lane's first element: the index of a row of -inf (lane 0's wins the ties)
 
+    # whole tiles, each tile's load issued one tile ahead (masks past the whole tiles switch the last off)
     full_end = start + (end - start) // BLOCK * BLOCK
     ahead = tl.load(row_ptr + start + lane_offs, mask=start + lane_offs < full_end, other=0.0)
-    if AHEAD == 2:
-        ahead2 = tl.load(row_ptr + start + BLOCK + lane_offs, mask=start + BLOCK + lane_offs < full_end, other=0.0)
     for tile in range(start, full_end, BLOCK):
         x = ahead.to(tl.float32)
-        if AHEAD == 2:
-            ahead = ahead2
-            next_offs = tile + 2 * BLOCK + lane_offs
-            ahead2 = tl.load(row_ptr + next_offs, mask=next_offs < full_end, other=0.0)
-        else:
-            next_offs = tile + BLOCK + lane_offs
-            ahead = tl.load(row_ptr + next_offs, mask=next_offs < full_end, other=0.0)
+        next_offs = tile + BLOCK + lane_offs
+        ahead = tl.load(row_ptr + next_offs, mask=next_offs < full_end, other=0.0)
         m, lane_sum, best_u, best_i = _lanes_tile(
             x, tile, lane_offs, True, s, s_sign, m, lane_sum, best_u, best_i, False, HAS_SCALE, BLOCK, GPU
         )

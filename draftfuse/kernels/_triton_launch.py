@@ -25,10 +25,6 @@ from draftfuse.kernels._triton_selection import (  # noqa: F401  (the tuning con
 
 from draftfuse.kernels._triton_argmax import _argmax_kernel
 
-_ARGMAX = "lanes"  # k = 1: "lanes" (_triton_argmax.py) or "tiles" (_selection_kernel)
-_AHEAD = 1
-_ARGMAX_WARPS = 1
-
 # (device type, index, stream) -> int32 [capacity rows, _WS_COLS], all INT32_MIN between launches. One per
 # stream: launches queued on one stream never overlap, while two streams' launches could share rows. (A
 # CUDA graph keeps the workspace its launches found when captured: the one given by `capturing_with`, as
@@ -134,11 +130,11 @@ def max_vocab(k: int) -> int:
 _fits: dict = {}  # compiled kernel (specialisation) -> one-warp programs that fit per SM, by registers
 
 
-def _programs_that_fit(n_regs: int, warps: int = 1) -> int:
-    """Programs of `warps` warps per SM that the register file holds (65536 registers, allocated per warp
-    in units of 256; at most 32 blocks and 64 warps per SM)."""
+def _programs_that_fit(n_regs: int) -> int:
+    """One-warp programs per SM that the register file holds (65536 registers, allocated per warp in
+    units of 256; at most 32 blocks per SM)."""
     per_warp = -(-max(n_regs, 1) * 32 // 256) * 256
-    return max(1, min(32, 64 // warps, 65536 // (per_warp * warps)))
+    return max(1, min(32, 65536 // per_warp))
 
 
 def default_programs_per_sm(element_size: int, k: int, scaled: bool) -> int:
@@ -185,9 +181,6 @@ def launch_selection(
     maxnreg: int | None = None,
     workspace: torch.Tensor | None = None,
     candidates: int | None = None,
-    argmax: str | None = None,
-    ahead: int | None = None,
-    warps: int | None = None,
 ):
     """Top-k of each row of `logits` ([rows, vocab], last dim contiguous) into `prob` (float32) and
     `index` (int64), each holding rows * k contiguous elements, row-major. `scale`: None, or float32
@@ -203,13 +196,8 @@ def launch_selection(
     cuda = device.type == "cuda"
     pdl = (_PDL and cuda and _capability(device) >= 9) if pdl is None else pdl
     sort = cuda and _MERGE == "sort"
-    lanes = k == 1 and (argmax or _ARGMAX) == "lanes"
-    ahead = ahead or _AHEAD
-    warps = (warps or _ARGMAX_WARPS) if lanes else 1
-    programs_per_sm = programs_per_sm or max(1, default_programs_per_sm(logits.element_size(), k, scale is not None) // warps)
-    block = _block(vocab, k, block or _BLOCK * warps)
-    if block < 32 * warps * 16 // logits.element_size():
-        raise ValueError(f"block {block} is under a tile of {warps} warps' 16-byte loads")
+    programs_per_sm = programs_per_sm or default_programs_per_sm(logits.element_size(), k, scale is not None)
+    block = _block(vocab, k, block)
     # Never aim past what fits in one wave: Triton compiles a kernel per specialisation (here: dtype,
     # k, scale or not, block, the options, 16-byte alignment of the pointers and of the row stride),
     # and the first launch of each tells how many of its programs fit per SM.
@@ -217,7 +205,7 @@ def launch_selection(
     cand = (candidates or _CANDIDATES) if k > 1 else 0
     if k > 1 and (cand < 32 or cand & (cand - 1)):
         raise ValueError(f"candidates must be a power of two >= 32, not {cand}")
-    key = (device.index, logits.dtype, k, scale is not None, block, pdl, maxnreg, sort, aligned, logits.stride(0) % 16 == 0, cand, lanes, ahead, warps)
+    key = (device.index, logits.dtype, k, scale is not None, block, pdl, maxnreg, sort, aligned, logits.stride(0) % 16 == 0, cand)
     fit = _fits.get(key)
     if fit is not None and splits is None:
         programs_per_sm = min(programs_per_sm, fit)
@@ -237,11 +225,11 @@ def launch_selection(
         options["maxnreg"] = maxnreg
     args = (logits, logits.stride(0), vocab, chunk, splits, scale_arg, scale_stride, part, keys, ws, prob, index, int(log))
     common = dict(BLOCK=block, V=16 // logits.element_size(), HAS_SCALE=scale is not None, GPU=cuda, PDL=pdl,
-                  MERGE=128 if splits <= 128 else 256, num_warps=warps, **options)
-    if lanes:
-        kernel = _argmax_kernel[(rows, splits)](*args, AHEAD=ahead, LANES=32 * warps, **common)
+                  MERGE=128 if splits <= 128 else 256, num_warps=1, **options)
+    if k == 1:  # its own kernel (_triton_argmax.py): per-lane state, no candidates
+        kernel = _argmax_kernel[(rows, splits)](*args, **common)
     else:
         kernel = _selection_kernel[(rows, splits)](*args, K=k, CAND=cand, SORT=sort, **common)
     if fit is None and getattr(kernel, "n_regs", 0):  # the first launch of this kernel: note its occupancy
-        _fits[key] = _programs_that_fit(kernel.n_regs, warps)
+        _fits[key] = _programs_that_fit(kernel.n_regs)
     return kernel

@@ -134,11 +134,6 @@ def _max3(x):
 
 
 @triton.jit
-def _min3(x):
-    return tl.min(tl.min(tl.min(x, 2), 1), 0)
-
-
-@triton.jit
 def _lane_max(x):
     """[32, J, V] -> [32]: each lane's own elements, no shuffles."""
     return tl.max(tl.max(x, 2), 1)
@@ -190,33 +185,12 @@ def _insert(cand, top, kth, K: tl.constexpr, SORT: tl.constexpr):
 
 
 @triton.jit
-def _tile_argmax(x, y, offs, valid, tile_max, s_sign, best_u, best_i, best_y,
-                 MASKED: tl.constexpr, HAS_SCALE: tl.constexpr):
-    """k = 1: folds a tile into the best (u, index) so far: the first NaN, else the first max."""
-    if HAS_SCALE:
-        u = x * s_sign
-        if MASKED:
-            u = tl.where(valid, u, float("-inf"))
-        u_max = _max3(u)
-    else:
-        u = y
-        u_max = tile_max
-    nan_i = _min3(tl.where(u != u, offs, _BIG_INDEX))
-    max_i = _min3(tl.where(u == u_max, offs, _BIG_INDEX))
-    take_nan = (nan_i < _BIG_INDEX) & (best_u == best_u)  # a NaN beats all but an earlier NaN
-    take_max = (nan_i == _BIG_INDEX) & (u_max > best_u)  # later index: must be strictly larger
-    best_u = tl.where(take_nan, float("nan"), tl.where(take_max, u_max, best_u))
-    best_i = tl.where(take_nan, nan_i, tl.where(take_max, max_i, best_i))
-    # the trigger for later tiles: y of the best (NaN once a NaN is best: only NaN tiles trigger)
-    best_y = tl.where(take_nan, float("nan"), tl.where(take_max, tile_max, best_y))
-    return best_u, best_i, best_y
-
-
-@triton.jit
 def _stream_tile(
-    x, offs, valid, t, s, s_sign, row_max, row_sum, best_u, best_i, best_y, tile_keys, own, slots_ptr, publish,
-    K: tl.constexpr, MASKED: tl.constexpr, HAS_SCALE: tl.constexpr, GPU: tl.constexpr,
+    x, valid, t, s, row_max, row_sum, tile_keys, own, slots_ptr, publish,
+    MASKED: tl.constexpr, HAS_SCALE: tl.constexpr, GPU: tl.constexpr,
 ):
+    """Pass 1 of k > 1 for one tile: the online softmax's (max, sum), the tile's max key, each lane's max
+    published to the row's slots where it grew."""
     if HAS_SCALE:
         y = x * s
     else:
@@ -232,22 +206,13 @@ def _stream_tile(
     row_sum = row_sum * tl.exp2((row_max - shift) * _LOG2E) + tile_sum
     # NaN in the tile (or +inf - +inf): it shows in the sum even where tl.max skips NaN (on the GPU)
     special = tile_sum != tile_sum
-    if K == 1:
-        trigger = special | (tile_max > best_y)
-        if HAS_SCALE:  # y can tie where u doesn't (float32 logits, overflow, s = 0)
-            trigger = trigger | (tile_max == best_y)
-        if trigger:
-            best_u, best_i, best_y = _tile_argmax(
-                x, y, offs, valid, tile_max, s_sign, best_u, best_i, best_y, MASKED, HAS_SCALE
-            )
-    else:
-        tile_keys = tl.where(tl.arange(0, _MAX_TILES) == t, tl.where(special, _NAN_KEY, _order_key(tile_max)), tile_keys)
-        lane_key = _order_key(lane_max)
-        grew = lane_key > own
-        if publish:
-            tl.atomic_max(slots_ptr + tl.arange(0, 32), lane_key, mask=grew, sem="relaxed")
-        own = tl.where(grew, lane_key, own)
-    return new_max, row_sum, best_u, best_i, best_y, tile_keys, own
+    tile_keys = tl.where(tl.arange(0, _MAX_TILES) == t, tl.where(special, _NAN_KEY, _order_key(tile_max)), tile_keys)
+    lane_key = _order_key(lane_max)
+    grew = lane_key > own
+    if publish:
+        tl.atomic_max(slots_ptr + tl.arange(0, 32), lane_key, mask=grew, sem="relaxed")
+    own = tl.where(grew, lane_key, own)
+    return new_max, row_sum, tile_keys, own
 
 
 # Not specialised (one compiled kernel for all their values): ints that only bound loops or masks.
@@ -292,9 +257,6 @@ def _selection_kernel(
     publish = splits > 1
     row_max = tl.full([], float("-inf"), tl.float32)
     row_sum = tl.full([], 0.0, tl.float32)
-    best_u = tl.full([], float("-inf"), tl.float32)
-    best_i = start
-    best_y = tl.full([], float("-inf"), tl.float32)
     tile_keys = tl.full([_MAX_TILES], _NO_KEY, tl.int32)
     own = tl.full([32], _NO_KEY, tl.int32)
 
@@ -306,59 +268,56 @@ def _selection_kernel(
         offs = tile + lane_offs
         x = next_x.to(tl.float32)
         next_x = tl.load(row_ptr + offs + BLOCK, mask=offs + BLOCK < full_end, other=0.0)
-        row_max, row_sum, best_u, best_i, best_y, tile_keys, own = _stream_tile(
-            x, offs, offs < end, (tile - start) // BLOCK, s, s_sign, row_max, row_sum, best_u, best_i, best_y,
-            tile_keys, own, slots_ptr, publish, K, False, HAS_SCALE, GPU,
+        row_max, row_sum, tile_keys, own = _stream_tile(
+            x, offs < end, (tile - start) // BLOCK, s, row_max, row_sum, tile_keys, own, slots_ptr, publish,
+            False, HAS_SCALE, GPU,
         )
     if full_end < end:  # the ragged tail
         offs = full_end + lane_offs
         valid = offs < end
         x = tl.load(row_ptr + offs, mask=valid, other=0.0).to(tl.float32)
-        row_max, row_sum, best_u, best_i, best_y, tile_keys, own = _stream_tile(
-            x, offs, valid, (full_end - start) // BLOCK, s, s_sign, row_max, row_sum, best_u, best_i, best_y,
-            tile_keys, own, slots_ptr, publish, K, True, HAS_SCALE, GPU,
+        row_max, row_sum, tile_keys, own = _stream_tile(
+            x, valid, (full_end - start) // BLOCK, s, row_max, row_sum, tile_keys, own, slots_ptr, publish,
+            True, HAS_SCALE, GPU,
         )
 
-    if K == 1:
-        tl.store(key_ptr + row.to(tl.int64) * splits + split, _pack(_order_key(best_u), best_i))
+    # Pass 2: the floor from the slots (an atomic read: the other programs' latest), then only the
+    # tiles whose max reaches it; their elements at or above it are appended to the row's candidates.
+    if publish:
+        slot_keys = tl.atomic_max(slots_ptr + lanes, _NO_KEY, sem="relaxed")
     else:
-        # Pass 2: the floor from the slots (an atomic read: the other programs' latest), then only the
-        # tiles whose max reaches it; their elements at or above it are appended to the row's candidates.
-        if publish:
-            slot_keys = tl.atomic_max(slots_ptr + lanes, _NO_KEY, sem="relaxed")
+        slot_keys = own
+    floor = _kth_largest(slot_keys, K)
+    key_row = key_ptr + row.to(tl.int64) * (CAND + K * splits)
+    top = tl.full([32], _EMPTY, tl.int64)
+    kth = tl.full([], _EMPTY, tl.int64)
+    tiles = tl.arange(0, _MAX_TILES)
+    pending = tile_keys >= floor  # tiles past the chunk hold _NO_KEY: below any floor but _NO_KEY's
+    pending = pending & (tiles * BLOCK < end - start)
+    while tl.max(pending.to(tl.int32), 0) > 0:
+        t = tl.min(tl.where(pending, tiles, _MAX_TILES), 0)
+        pending = pending & (tiles != t)
+        offs = start + t * BLOCK + lane_offs
+        valid = offs < end
+        x = tl.load(row_ptr + offs, mask=valid, other=0.0).to(tl.float32)
+        if HAS_SCALE:
+            y_key = _order_key(x * s)
+            u = x * s_sign
         else:
-            slot_keys = own
-        floor = _kth_largest(slot_keys, K)
-        key_row = key_ptr + row.to(tl.int64) * (CAND + K * splits)
-        top = tl.full([32], _EMPTY, tl.int64)
-        kth = tl.full([], _EMPTY, tl.int64)
-        tiles = tl.arange(0, _MAX_TILES)
-        pending = tile_keys >= floor  # tiles past the chunk hold _NO_KEY: below any floor but _NO_KEY's
-        pending = pending & (tiles * BLOCK < end - start)
-        while tl.max(pending.to(tl.int32), 0) > 0:
-            t = tl.min(tl.where(pending, tiles, _MAX_TILES), 0)
-            pending = pending & (tiles != t)
-            offs = start + t * BLOCK + lane_offs
-            valid = offs < end
-            x = tl.load(row_ptr + offs, mask=valid, other=0.0).to(tl.float32)
-            if HAS_SCALE:
-                y_key = _order_key(x * s)
-                u = x * s_sign
-            else:
-                y_key = _order_key(x)
-                u = x
-            hit = valid & (y_key >= floor)
-            at, n = _positions(hit)
-            if n > 0:
-                at += tl.atomic_add(ws_row + 1, n, sem="relaxed") - _NO_KEY
-                keys = _pack(_order_key(u), offs)
-                tl.store(key_row + at, keys, mask=hit & (at < CAND))
-                # past the row's capacity: this program's best K of what didn't fit, kept in registers
-                missed = hit & (at >= CAND)
-                if _max3(missed.to(tl.int32)) > 0:
-                    top, kth = _insert(tl.where(missed, keys, _EMPTY), top, kth, K, SORT)
-        # [K, splits] slot-major after the candidates: _EMPTY unless some of this program's didn't fit
-        tl.store(key_row + CAND + lanes * splits + split, top, mask=lanes < K)
+            y_key = _order_key(x)
+            u = x
+        hit = valid & (y_key >= floor)
+        at, n = _positions(hit)
+        if n > 0:
+            at += tl.atomic_add(ws_row + 1, n, sem="relaxed") - _NO_KEY
+            keys = _pack(_order_key(u), offs)
+            tl.store(key_row + at, keys, mask=hit & (at < CAND))
+            # past the row's capacity: this program's best K of what didn't fit, kept in registers
+            missed = hit & (at >= CAND)
+            if _max3(missed.to(tl.int32)) > 0:
+                top, kth = _insert(tl.where(missed, keys, _EMPTY), top, kth, K, SORT)
+    # [K, splits] slot-major after the candidates: _EMPTY unless some of this program's didn't fit
+    tl.store(key_row + CAND + lanes * splits + split, top, mask=lanes < K)
 
     _arrive(
         row, split, splits, row_max, row_sum, s, s_sign, part_ptr, key_ptr, ws_row, slots_ptr, own, prob_ptr, index_ptr,
