@@ -47,7 +47,7 @@ def test_one_graph_replay_per_draft_call_and_eager_tokens():
     assert sum("cudaGraphLaunch" in name for name in names) == 5, sorted(set(names))
     # the selection kernels run in the graph on the recorder's workspace: no fill kernel of their own
     kernels = [e.name for e in profile.events() if e.device_type == torch.autograd.DeviceType.CUDA]
-    assert sum("_selection_kernel" in name for name in kernels) == 5 * 4 and not any("FillFunctor" in name for name in kernels), kernels
+    assert sum("_argmax_kernel" in name for name in kernels) == 5 * 4 and not any("FillFunctor" in name for name in kernels), kernels
     # one span per call on the host (the profiler mirrors each span on the GPU timeline as well)
     host_spans = [e for e in profile.events() if e.name == "draftfuse.draft:draft" and e.device_type == torch.autograd.DeviceType.CPU]
     assert len(host_spans) == 5
