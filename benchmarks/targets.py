@@ -43,9 +43,10 @@ REASONS: dict[tuple[str, str | None], str] = {
         "replay path adds Dynamo's C++ guards, argument binding and the output rebuild"
     ),
     ("sel_k1", None): (
-        "the kernel's fixed cost comes on top of the bytes and is most of a 5 µs budget: at [1, 32000] 3.64 µs, "
-        "where an empty launch takes 0.53, a one-tile load per program 1.09 and the counter with the last "
-        "program's merge 2.22 (no math); loads two tiles ahead did not help (notes/kernels.md)"
+        "the kernel's fixed cost comes on top of the bytes and is most of a 5 µs budget: at [1, 32000] an empty "
+        "launch takes 0.53 µs, a one-tile load per program 1.09 and the counter with the last program's merge "
+        "2.22; keeping each lane's state (no warp reduction per tile) took 0.84-1.03x the time at batch 8-64 "
+        "(median 0.97), two tiles ahead and programs of 2-8 warps did not help (notes/kernels.md)"
     ),
     ("sel_k", None): (
         "latency: 4.5-6.5 µs over k = 1 at batch 1, a chain of atomic round trips (slots, floor, candidates, "

@@ -1,14 +1,16 @@
-"""k = 1 with per-lane state (draftfuse/kernels/_triton_argmax.py) against the tile-wise k = 1 path of
-_selection_kernel, side by side in one process on a GPU: every k = 1 point of the selection targets
-(bf16 and fp32, vocab 32000 .. 262144, batch 1 .. 256; scaled rows at vocab 128256), with one or two
-tiles loaded ahead and 16, 24 or 32 programs per SM (first run), then programs of 1, 2, 4 or 8 warps
-(second run: the tile is 512 elements a warp, the programs per SM the one-warp count over the warps). Result: notes/kernels.md ("Per-lane state for
-k = 1"), raw figures in notes/argmax_probe_h200.json.
+"""k = 1 with per-lane state (draftfuse/kernels/_triton_argmax.py) against the tile-wise k = 1 path that
+_selection_kernel had before, side by side in one process on a GPU: every k = 1 point of the selection
+targets (bf16 and fp32, vocab 32000 .. 262144, batch 1 .. 256; scaled rows at vocab 128256). Result:
+notes/kernels.md ("Per-lane state for k = 1"), raw figures in notes/argmax_probe_h200.json (first run:
+one or two tiles loaded ahead, 16, 24 or 32 programs per SM; the script as of commit 05de2a8) and
+notes/argmax_probe_warps_h200.json (second run: programs of 1, 2, 4 or 8 warps, a 512-element tile a
+warp; this script, as of commit b197d8f). The launcher keywords it passes (argmax, ahead, warps) went
+with the variants that lost (commit 0415317): it runs at those commits only.
 
 First every variant is checked against the reference: special rows (NaN, +-inf, ties, -0.0, all -inf)
 of several vocabularies, forced splits, per-row scales of every sign, log on and off, and random rows at
 the timed sizes. Each point: µs per call in a CUDA graph (inputs rotated over 3x the L2), 6 rounds of
-10 replays, the variants' order rotating between rounds. Usage (GPU):
+10 replays, the variants' order rotating between rounds. Usage (GPU, at commit b197d8f):
 
     python notes/argmax_probe.py [--out probe.json] [--budget-s 200]
 """

@@ -1,5 +1,6 @@
-"""The host side of draftfuse's Triton selection kernel (_triton_selection.py has the kernel and its
-design): the per-stream workspace, the grid (splits per row, programs per SM), and the launch.
+"""The host side of draftfuse's Triton selection kernels (_triton_argmax.py for k = 1, _triton_selection.py
+for k > 1; each has its design): the per-stream workspace, the grid (splits per row, programs per SM),
+and the launch.
 """
 
 import contextlib

@@ -1,5 +1,7 @@
-"""Triton kernel behind draftfuse's selection ops: top-k (k = 1 is the argmax) over the last dim of a
-[rows, vocab] logits tensor, with softmax probabilities, in one pass over the logits and one launch.
+"""Triton kernel behind draftfuse's topk_prob for k > 1: the top k over the last dim of a [rows, vocab]
+logits tensor, with softmax probabilities, in one pass over the logits and one launch; and the parts
+that the k = 1 kernel (_triton_argmax.py) shares with it: order keys, the programs' end (`_arrive`)
+and the row's merge (`_merge_row`, both k = 1 and k > 1).
 
 Each row is split into chunks, one single-warp program per (row, chunk), so that a small batch still
 fills the GPU (up to 256 chunks a row for k = 1, 128 for k > 1); a tile is 512 elements, 16 per lane
@@ -8,16 +10,13 @@ wave. With a scale s per row the softmax is that of y = x * s and the order is t
 u = x * sign(s): the exact order of x * s, which rounding in y could tie for float32 logits.
 
 Pass 1 (every program) streams its chunk tile by tile: the running max m and sum of exp(y - m)
-(online softmax), and
-  - k = 1: the best (u, index) so far; a tile is searched only when its max can beat it (or it holds
-    a NaN), and the search is two compares per element (the tile's max and its first index);
-  - k > 1: each lane's max of y is published (atomic max, only when it grew) to 32 slots per row
-    shared by all programs of the row, and each tile's max key is kept in registers. Every slot holds
-    a value of a distinct element (or -inf, from masked tail lanes), so the k-th largest slot bounds
-    the row's k-th largest value from below: elements under it can't be in the top k. A slot is the
-    max over ~vocab/32 elements, so this floor lands near the row's true k-th value once the row's
-    programs have published.
-Pass 2 (k > 1) reads the floor and re-reads only the tiles whose max reaches it (usually none or
+(online softmax), and each lane's max of y is published (atomic max, only when it grew) to 32 slots
+per row shared by all programs of the row, and each tile's max key is kept in registers. Every slot
+holds a value of a distinct element (or -inf, from masked tail lanes), so the k-th largest slot bounds
+the row's k-th largest value from below: elements under it can't be in the top k. A slot is the max
+over ~vocab/32 elements, so this floor lands near the row's true k-th value once the row's programs
+have published.
+Pass 2 reads the floor and re-reads only the tiles whose max reaches it (usually none or
 one, from L1/L2), and appends the elements at or above it to the row's candidates: one atomic add on
 a per-row count reserves their places (each element's place from an in-thread count plus one warp
 scan), so a program does no merging at all. The floor it read is at most the final one (slots only
@@ -26,21 +25,21 @@ out, which takes more than that many elements tied at or above the floor (all-eq
 rows), each program keeps its best k of what didn't fit in registers, by merge rounds (each round
 takes every lane's best remaining candidate and merges them into a sorted top list with a 64-wide
 bitonic sort in one warp), and writes them to a [k, splits] area after the candidates.
-Merge: each program writes its (m, sum) (and for k = 1 its best key), then counts itself in with an
-atomic on a per-row counter; the row's last program (a release/acquire pair orders the others' writes
+Merge: each program writes its (m, sum) (the k = 1 kernel also its best key), then counts itself in with
+an atomic on a per-row counter; the row's last program (a release/acquire pair orders the others' writes
 before its reads) merges the partials, writes index and probability, and resets the counters and
 slots. For k > 1 it reads the final floor and the candidates (loaded before their count is known),
 drops those under the floor and merges the rest by rounds: one round while no lane holds two, so
 typically one; the [k, splits] area too when the room ran out.
-Measured on an H200 (notes/kernels.md, wave 2): k = 1 reads bf16 32 x 128256 in 8 us, k = 4 and k = 16
-at batch 1 take 8-13 us: a chain of atomic round trips more than k = 1, whatever k is.
+Measured on an H200 (notes/kernels.md, wave 2): k = 4 and k = 16 at batch 1 take 8-13 us, where the
+k = 1 kernel takes 3.8-5.5: a chain of atomic round trips more, whatever k is.
 
 The counter and slots live in a per-stream workspace (`_workspace`) that every launch leaves as it
 found it (all INT32_MIN), so a call needs no fill kernel; it is created outside CUDA-graph capture
 (the first call on a device, by a helper thread, so that it never lands in a CUDA-graph tree's memory
 pool) and a call captured before it exists, or with more rows, fills a per-call copy instead (one
-more kernel). Two of these kernels must not run at once on two streams of one device (they would
-share counters).
+more kernel). Two launches of either kernel must not run at once on two streams of one device (they
+would share counters).
 
 Layout: a tile is a [32, J, V] tensor, lane axis first: Triton 3.6 gives its 32 threads to the first
 of the strided axes, so each thread holds one lane's elements and per-lane reductions need no

@@ -24,8 +24,9 @@ Both reduce over the last dim and compute probabilities in float32 from the logi
 casts). A row whose max (of y) is NaN or +-inf gets NaN probabilities, as softmax in float32 does;
 its index is torch's (the first NaN, else the first +inf; 0 for a row of -inf). k must be in
 1..vocab (ValueError otherwise, where torch.topk raises a RuntimeError). On CUDA with Triton
-installed, fp32/fp16/bf16 logits and k <= 16 run one Triton kernel that reads the logits once
-(draftfuse/kernels/_triton_selection.py, launched by _triton_launch.py); everything else runs the torch reference below. The ops
+installed, fp32/fp16/bf16 logits and k <= 16 run one Triton kernel launch that reads the logits once
+(_triton_argmax.py for k = 1, _triton_selection.py for k > 1, launched by _triton_launch.py); everything
+else runs the torch reference below. The ops
 are torch.library custom ops with fake implementations, so Dynamo, Inductor and CUDA graphs treat
 them as ordinary ops; the CUDA path makes no host sync and allocates by shape only, besides a
 per-stream workspace of counters that each launch leaves as it found it (created on the first call,
