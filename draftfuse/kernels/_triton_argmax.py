@@ -3,7 +3,7 @@ its exact softmax probability, in one pass over the logits and one launch.
 
 The grid, the tiles and the end are those of _triton_selection.py's kernel (single-warp programs, one per
 (row, chunk); 512-element tiles as [32, J, V], lane axis first, 16-byte loads; each tile's load issued
-AHEAD tiles before its math; the (max, sum) partials, an arrival counter and the row's last program
+one tile before its math; the (max, sum) partials, an arrival counter and the row's last program
 merging them). What differs is pass 1: every lane keeps its own state and no tile needs the warp.
 
   lane state: the running max m of y = x * s over its elements, the sum of exp(y - m) (online softmax),
@@ -27,7 +27,7 @@ import triton
 import triton.language as tl
 
 from draftfuse.kernels._triton_selection import (
-    _BIG_INDEX, _LOG2E, _NAN_KEY, _WS_COLS, _arrive, _exp2, _lane_max, _order_key, _pack,
+    _BIG_INDEX, _LOG2E, _NAN_KEY, _arrive, _exp2, _lane_max, _order_key, _pack, _program, _tile_y,
 )
 
 
@@ -41,12 +41,7 @@ def _lane_min(x):
 def _lanes_tile(x, tile, lane_offs, valid, s, s_sign, m, lane_sum, best_u, best_i,
                 MASKED: tl.constexpr, HAS_SCALE: tl.constexpr, BLOCK: tl.constexpr, GPU: tl.constexpr):
     """Folds one tile into every lane's (m, sum, best u, its first index)."""
-    if HAS_SCALE:
-        y = x * s
-    else:
-        y = x
-    if MASKED:
-        y = tl.where(valid, y, float("-inf"))
+    y = _tile_y(x, valid, s, MASKED, HAS_SCALE)
     tile_m = _lane_max(y)
     new_m = tl.where(tile_m > m, tile_m, m)  # never NaN: NaN compares false
     # a lane whose elements are all -inf so far shifts by 0, so that they add exp(-inf) = 0, not NaN
@@ -90,25 +85,10 @@ def _argmax_kernel(
     MERGE: tl.constexpr,
 ):
     # the arguments are _selection_kernel's for K = 1 (no candidates)
-    if PDL:
-        # nothing above this line may touch memory: the previous kernel may still be running
-        tl.extra.cuda.gdc_wait()
-        tl.extra.cuda.gdc_launch_dependents()
-    row = tl.program_id(0)
-    split = tl.program_id(1)
-    start = split * chunk
-    end = tl.minimum(start + chunk, vocab)
-    row_ptr = logits_ptr + row.to(tl.int64) * row_stride
-    ws_row = ws_ptr + row.to(tl.int64) * _WS_COLS
-    J: tl.constexpr = BLOCK // (32 * V)
+    row, split, start, end, row_ptr, ws_row, lane_offs, s, s_sign = _program(
+        logits_ptr, row_stride, vocab, chunk, scale_ptr, scale_stride, ws_ptr, BLOCK, V, HAS_SCALE, PDL
+    )
     lanes = tl.arange(0, 32)
-    lane_offs = lanes[:, None, None] * V + tl.arange(0, J)[None, :, None] * (32 * V) + tl.arange(0, V)[None, None, :]
-    if HAS_SCALE:
-        s = tl.load(scale_ptr + row.to(tl.int64) * scale_stride).to(tl.float32)
-        s_sign = tl.where(s > 0, 1.0, tl.where(s < 0, -1.0, s * 0.0))  # 0 for s = 0, NaN for a NaN s
-    else:
-        s = 1.0
-        s_sign = 1.0
     m = tl.full([32], float("-inf"), tl.float32)
     lane_sum = tl.zeros([32], tl.float32)
     best_u = tl.full([32], float("-inf"), tl.float32)
@@ -141,7 +121,7 @@ def _argmax_kernel(
         if nan_i < _BIG_INDEX:
             key = _pack(tl.full([], _NAN_KEY, tl.int32), nan_i)
     tl.store(key_ptr + row.to(tl.int64) * splits + split, key)
-    _arrive(
+    _arrive(  # K = 1, no candidates: the slots and `own` (here m) are not read
         row, split, splits, row_max, row_sum, s, s_sign, part_ptr, key_ptr, ws_row, ws_row + 32, m.to(tl.int32),
         prob_ptr, index_ptr, log, 1, 0, HAS_SCALE, False, MERGE,
     )

@@ -184,18 +184,25 @@ def _insert(cand, top, kth, K: tl.constexpr, SORT: tl.constexpr):
 
 
 @triton.jit
-def _stream_tile(
-    x, valid, t, s, row_max, row_sum, tile_keys, own, slots_ptr, publish,
-    MASKED: tl.constexpr, HAS_SCALE: tl.constexpr, GPU: tl.constexpr,
-):
-    """Pass 1 of k > 1 for one tile: the online softmax's (max, sum), the tile's max key, each lane's max
-    published to the row's slots where it grew."""
+def _tile_y(x, valid, s, MASKED: tl.constexpr, HAS_SCALE: tl.constexpr):
+    """y = x * s of a tile (x unscaled), -inf where masked."""
     if HAS_SCALE:
         y = x * s
     else:
         y = x
     if MASKED:
         y = tl.where(valid, y, float("-inf"))
+    return y
+
+
+@triton.jit
+def _stream_tile(
+    x, valid, t, s, row_max, row_sum, tile_keys, own, slots_ptr, publish,
+    MASKED: tl.constexpr, HAS_SCALE: tl.constexpr, GPU: tl.constexpr,
+):
+    """Pass 1 of k > 1 for one tile: the online softmax's (max, sum), the tile's max key, each lane's max
+    published to the row's slots where it grew."""
+    y = _tile_y(x, valid, s, MASKED, HAS_SCALE)
     lane_max = _lane_max(y)
     tile_max = tl.max(lane_max, 0)
     new_max = tl.where(tile_max > row_max, tile_max, row_max)  # never NaN: NaN compares false
@@ -214,16 +221,11 @@ def _stream_tile(
     return new_max, row_sum, tile_keys, own
 
 
-# Not specialised (one compiled kernel for all their values): ints that only bound loops or masks.
-@triton.jit(do_not_specialize=["vocab", "splits", "scale_stride", "log"])
-def _selection_kernel(
-    logits_ptr, row_stride, vocab, chunk, splits, scale_ptr, scale_stride,
-    part_ptr, key_ptr, ws_ptr, prob_ptr, index_ptr, log,
-    K: tl.constexpr, BLOCK: tl.constexpr, V: tl.constexpr, CAND: tl.constexpr,
-    HAS_SCALE: tl.constexpr, GPU: tl.constexpr, PDL: tl.constexpr, SORT: tl.constexpr, MERGE: tl.constexpr,
-):
-    # GPU: compiled for a GPU (PTX exp), not run by Triton's interpreter; SORT: merge top lists by
-    # tl.sort rather than by ranks (see _merge_top); MERGE: a power of two >= splits (128 or 256)
+@triton.jit
+def _program(logits_ptr, row_stride, vocab, chunk, scale_ptr, scale_stride, ws_ptr,
+             BLOCK: tl.constexpr, V: tl.constexpr, HAS_SCALE: tl.constexpr, PDL: tl.constexpr):
+    """A program's start, in both kernels: (row, split, start, end, row pointer, workspace row, the tile's
+    offsets, the scale s and its sign)."""
     if PDL:
         # nothing above this line may touch memory: the previous kernel may still be running
         tl.extra.cuda.gdc_wait()
@@ -234,8 +236,6 @@ def _selection_kernel(
     end = tl.minimum(start + chunk, vocab)
     row_ptr = logits_ptr + row.to(tl.int64) * row_stride
     ws_row = ws_ptr + row.to(tl.int64) * _WS_COLS
-    slots_ptr = ws_row + 32
-    lanes = tl.arange(0, 32)
     J: tl.constexpr = BLOCK // (32 * V)
     # Tile element (lane, j, v) is at j * 32 V + lane * V + v: 16-byte loads, each covering 512
     # contiguous bytes across the warp. The lane axis comes first: Triton orders the two strided axes
@@ -253,6 +253,24 @@ def _selection_kernel(
     else:
         s = 1.0
         s_sign = 1.0
+    return row, split, start, end, row_ptr, ws_row, lane_offs, s, s_sign
+
+
+# Not specialised (one compiled kernel for all their values): ints that only bound loops or masks.
+@triton.jit(do_not_specialize=["vocab", "splits", "scale_stride", "log"])
+def _selection_kernel(
+    logits_ptr, row_stride, vocab, chunk, splits, scale_ptr, scale_stride,
+    part_ptr, key_ptr, ws_ptr, prob_ptr, index_ptr, log,
+    K: tl.constexpr, BLOCK: tl.constexpr, V: tl.constexpr, CAND: tl.constexpr,
+    HAS_SCALE: tl.constexpr, GPU: tl.constexpr, PDL: tl.constexpr, SORT: tl.constexpr, MERGE: tl.constexpr,
+):
+    # GPU: compiled for a GPU (PTX exp), not run by Triton's interpreter; SORT: merge top lists by
+    # tl.sort rather than by ranks (see _merge_top); MERGE: a power of two >= splits (128 or 256)
+    row, split, start, end, row_ptr, ws_row, lane_offs, s, s_sign = _program(
+        logits_ptr, row_stride, vocab, chunk, scale_ptr, scale_stride, ws_ptr, BLOCK, V, HAS_SCALE, PDL
+    )
+    slots_ptr = ws_row + 32
+    lanes = tl.arange(0, 32)
     publish = splits > 1
     row_max = tl.full([], float("-inf"), tl.float32)
     row_sum = tl.full([], 0.0, tl.float32)
