@@ -49,9 +49,7 @@ def _lanes_tile(x, tile, lane_offs, valid, s, s_sign, m, lane_sum, best_u, best_
     tile_sum = tl.sum(tl.sum(_exp2((y - shift[:, None, None]) * _LOG2E, GPU), 2), 1)
     lane_sum = lane_sum * tl.exp2((m - shift) * _LOG2E) + tile_sum
     if HAS_SCALE:
-        u = x * s_sign
-        if MASKED:
-            u = tl.where(valid, u, float("-inf"))
+        u = _tile_y(x, valid, s_sign, MASKED, True)  # x * sign(s), -inf where masked
         tile_u = _lane_max(u)
     else:
         u = y
@@ -72,7 +70,7 @@ def _first_nan(row_ptr, start, end, lane_offs, s_sign, HAS_SCALE: tl.constexpr, 
         u = tl.load(row_ptr + offs, mask=valid, other=0.0).to(tl.float32)
         if HAS_SCALE:
             u = u * s_sign
-        found = tl.min(tl.min(tl.min(tl.where(valid & (u != u), offs, _BIG_INDEX), 2), 1), 0)
+        found = tl.min(_lane_min(tl.where(valid & (u != u), offs, _BIG_INDEX)), 0)
         tile += BLOCK
     return found
 

@@ -10,6 +10,7 @@ import threading
 import torch
 import triton
 
+from draftfuse.kernels._triton_argmax import _argmax_kernel
 from draftfuse.kernels._triton_selection import (  # noqa: F401  (the tuning constants live with the kernel)
     _selection_kernel,
     _WS_COLS,
@@ -23,8 +24,6 @@ from draftfuse.kernels._triton_selection import (  # noqa: F401  (the tuning con
     _MERGE,
     _MAX_TILES,
 )
-
-from draftfuse.kernels._triton_argmax import _argmax_kernel
 
 # (device type, index, stream) -> int32 [capacity rows, _WS_COLS], all INT32_MIN between launches. One per
 # stream: launches queued on one stream never overlap, while two streams' launches could share rows. (A
