@@ -28,11 +28,13 @@ bitonic sort in one warp), and writes them to a [k, splits] area after the candi
 Merge: each program writes its (m, sum) (the k = 1 kernel also its best key), then counts itself in with
 an atomic on a per-row counter; the row's last program (a release/acquire pair orders the others' writes
 before its reads) merges the partials, writes index and probability, and resets the counters and
-slots. For k > 1 it reads the final floor and the candidates (loaded before their count is known),
-drops those under the floor and merges the rest by rounds: one round while no lane holds two, so
-typically one; the [k, splits] area too when the room ran out.
-Measured on an H200 (notes/kernels.md, wave 2): k = 4 and k = 16 at batch 1 take 8-13 us, where the
-k = 1 kernel takes 3.8-5.5: a chain of atomic round trips more, whatever k is.
+slots. For k > 1 it reads the final floor and the candidates (loaded before their count is known, one
+per lane while there are at most 32) and drops those under the floor. Usually each lane then holds at
+most one: their keys are distinct, so each one's rank among them (32 x 32 compares) is its place in the
+output, written at once. Otherwise (a lane holding two, or the room run out) it merges them by rounds,
+the [k, splits] area too when the room ran out.
+Measured on an H200 (notes/kernels.md, wave 2): k = 4 and k = 16 at batch 1 take 6.9-10.4 us, where
+the k = 1 kernel takes 3.8-5.5: the floor's read, the candidates' atomic and their merge more.
 
 The counter and slots live in a per-stream workspace (`_workspace`) that every launch leaves as it
 found it (all INT32_MIN), so a call needs no fill kernel; it is created outside CUDA-graph capture
@@ -298,10 +300,13 @@ def _selection_kernel(
             True, HAS_SCALE, GPU,
         )
 
-    # Pass 2: the floor from the slots (an atomic read: the other programs' latest), then only the
-    # tiles whose max reaches it; their elements at or above it are appended to the row's candidates.
+    # Pass 2: the floor from the slots, then only the tiles whose max reaches it; their elements at or
+    # above it are appended to the row's candidates. The slots are read from L2 by a plain load (an atomic
+    # read cost ~0.3 us more at batch 1): any snapshot is a valid floor, its slots being values of distinct
+    # elements, each at most its final value; this program's own lanes' maxima, whose publication may not
+    # have landed yet, are taken in too (slot i and own lane i both hold elements of lane i).
     if publish:
-        slot_keys = tl.atomic_max(slots_ptr + lanes, _NO_KEY, sem="relaxed")
+        slot_keys = tl.maximum(tl.load(slots_ptr + lanes, cache_modifier=".cg"), own)
     else:
         slot_keys = own
     floor = _kth_largest(slot_keys, K)
@@ -431,17 +436,35 @@ def _merge_row(
         else:
             slot_keys = own
         floor = _kth_largest(slot_keys, K)
-        top = tl.full([32], _EMPTY, tl.int64)
-        kth = tl.full([], _EMPTY, tl.int64)
-        top, kth = _insert(_above(keys, (flat < appended) & (flat < CAND), floor, s, s_sign, HAS_SCALE), top, kth, K, SORT)
-        if appended > CAND:  # some programs' candidates didn't fit: their best K are in [K, splits]
-            region = key_row + CAND
-            for b in range(0, K * splits, CAND):
-                at = b + flat
-                keys = tl.load(region + at, mask=at < K * splits, other=_EMPTY, cache_modifier=".cg")
-                top, kth = _insert(_above(keys, at < K * splits, floor, s, s_sign, HAS_SCALE), top, kth, K, SORT)
-        u, index = _unpack(top)
-        y = _y_of(u, s, s_sign, HAS_SCALE)
-        prob = tl.where(log != 0, y - row_max - log_sum, tl.exp(y - row_max) / row_sum)
-        tl.store(prob_ptr + row64 * K + lanes, tl.where(finite, prob, float("nan")), mask=lanes < K)
-        tl.store(index_ptr + row64 * K + lanes, index.to(tl.int64), mask=lanes < K)
+        cand = _above(keys, (flat < appended) & (flat < CAND), floor, s, s_sign, HAS_SCALE)
+        lane_best = _lane_max(cand)
+        alone = tl.max(tl.sum(tl.sum((cand != _EMPTY).to(tl.int32), 2), 1), 0) <= 1
+        if alone & (appended <= CAND):
+            # the usual case: every candidate alone in its lane; the keys are distinct, so each one's rank
+            # among them is its place in the output (the floor leaves at least K): no merge round
+            rank = tl.sum(((lane_best[None, :] > lane_best[:, None]) & (lane_best != _EMPTY)[None, :]).to(tl.int32), 1)
+            _write_top(lane_best, rank, (lane_best != _EMPTY) & (rank < K), row64, s, s_sign, row_max, row_sum, log_sum,
+                       finite, prob_ptr, index_ptr, log, K, HAS_SCALE)
+        else:
+            top = tl.full([32], _EMPTY, tl.int64)
+            kth = tl.full([], _EMPTY, tl.int64)
+            top, kth = _insert(cand, top, kth, K, SORT)
+            if appended > CAND:  # some programs' candidates didn't fit: their best K are in [K, splits]
+                region = key_row + CAND
+                for b in range(0, K * splits, CAND):
+                    at = b + flat
+                    keys = tl.load(region + at, mask=at < K * splits, other=_EMPTY, cache_modifier=".cg")
+                    top, kth = _insert(_above(keys, at < K * splits, floor, s, s_sign, HAS_SCALE), top, kth, K, SORT)
+            _write_top(top, lanes, lanes < K, row64, s, s_sign, row_max, row_sum, log_sum, finite, prob_ptr, index_ptr,
+                       log, K, HAS_SCALE)
+
+
+@triton.jit
+def _write_top(keys, place, mask, row64, s, s_sign, row_max, row_sum, log_sum, finite, prob_ptr, index_ptr, log,
+               K: tl.constexpr, HAS_SCALE: tl.constexpr):
+    """A row's top K out: the [32] packed keys where `mask`, each at its `place` (0 .. K - 1)."""
+    u, index = _unpack(keys)
+    y = _y_of(u, s, s_sign, HAS_SCALE)
+    prob = tl.where(log != 0, y - row_max - log_sum, tl.exp(y - row_max) / row_sum)
+    tl.store(prob_ptr + row64 * K + place, tl.where(finite, prob, float("nan")), mask=mask)
+    tl.store(index_ptr + row64 * K + place, index.to(tl.int64), mask=mask)

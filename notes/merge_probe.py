@@ -1,0 +1,185 @@
+"""k > 1: the row's last program ranking its candidates at once (no merge round when each is alone in its
+lane) against the merge by sorted rounds, and the programs' floor read by a plain L2 load of the slots
+instead of an atomic, side by side in one process on a GPU. Result: notes/kernels.md ("Candidates ranked,
+not sorted").
+
+Variants, each a copy of draftfuse/kernels/_triton_{selection,launch}.py loaded under another module name:
+  sort        the kernel at `--base` (default 5b6d1e4, the one before): the last program merges by
+              64-wide sort rounds, the programs read the slots by an atomic max
+  rank        the working tree's kernel with that atomic read put back (by substitution here): the last
+              program ranks its candidates
+  rank+load   the working tree's: ranks, and its programs read the slots with a .cg load (and take in
+              their own lanes' maxima)
+
+First every variant is checked against the reference (special rows of several vocabularies, forced splits,
+little room for candidates, scales of every sign, log, random rows at the timed sizes), and the workspace
+must be left idle. Each point: µs per call in a CUDA graph (inputs rotated over 3x the L2), 6 rounds of 10
+replays, the order rotating between rounds; softmax + topk timed beside them for the 10x target. Usage (GPU):
+
+    python notes/merge_probe.py [--out probe.json] [--budget-s 300] [--base REV]
+
+(The checks run first, one process per variant at once: most of their time is Triton compiling.)
+"""
+
+import argparse
+import importlib.util
+import json
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+
+import torch  # noqa: E402
+
+from benchmarks.selection import selection_call  # noqa: E402
+from benchmarks.targets import selection_limit  # noqa: E402
+from draftfuse import _measure  # noqa: E402
+from tests.test_kernels import check_selection, special_rows, special_scales  # noqa: E402
+
+KERNELS = REPO / "draftfuse" / "kernels"
+ATOMIC_READ = 'slot_keys = tl.atomic_max(slots_ptr + lanes, _NO_KEY, sem="relaxed")'
+LOAD_READ = 'slot_keys = tl.maximum(tl.load(slots_ptr + lanes, cache_modifier=".cg"), own)'
+
+
+def load_variant(name: str, selection_source: str, where: Path):
+    """The launch module of a variant: its kernel source saved as a module of its own, the launcher's
+    imports pointed at it."""
+    tag = name.replace("+", "_")
+    (where / f"v_{tag}_selection.py").write_text(selection_source)
+    launch = (KERNELS / "_triton_launch.py").read_text().replace(
+        "from draftfuse.kernels._triton_selection import", f"from v_{tag}_selection import")
+    (where / f"v_{tag}_launch.py").write_text(launch)
+    spec = importlib.util.spec_from_file_location(f"v_{tag}_launch", where / f"v_{tag}_launch.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def launcher(module, k, scale=None, log=False, **tile):
+    def call(x):
+        prob = torch.empty(x.shape[0], k, device=x.device)
+        index = torch.empty(x.shape[0], k, device=x.device, dtype=torch.int64)
+        module.launch_selection(x, k, log, prob, index, scale, **tile)
+        return prob, index
+
+    return call
+
+
+def check(variants: dict) -> list[str]:
+    failures = []
+    g = torch.Generator(device="cuda").manual_seed(0)
+    for name, module in variants.items():
+        for dtype in (torch.bfloat16, torch.float32, torch.float16):
+            for vocab in (7, 100, 1000, 4099, 32000, 151936):
+                x = special_rows(vocab, dtype, "cuda")
+                for k in (4, 16):
+                    if k > vocab:
+                        continue
+                    for scale in (None, special_scales(10, "cuda")):
+                        for tile in ({}, {"splits": 3}, {"candidates": 32}):
+                            log = bool(len(tile))
+                            prob, index = launcher(module, k, scale, log, **tile)(x)
+                            if problem := check_selection(x, k, log, prob, index, scale):
+                                failures.append(f"{name} special v{vocab} {dtype} k={k} scaled={scale is not None} {tile}: {problem}")
+            for batch, vocab in ((1, 32000), (8, 128256), (64, 151936), (256, 262144), (3, 7), (5, 1000003)):
+                x = (torch.randn(batch, vocab, device="cuda", generator=g) * 4).to(dtype)
+                for k in (4, 8, 16):
+                    for scale in (None, torch.rand(batch, device="cuda", generator=g) * 4 - 2):
+                        if k > vocab:
+                            continue
+                        prob, index = launcher(module, k, scale)(x)
+                        if problem := check_selection(x, k, False, prob, index, scale):
+                            failures.append(f"{name} random {batch}x{vocab} {dtype} k={k} scaled={scale is not None}: {problem}")
+        for ws in module._workspaces.values():
+            if not bool((ws == -(2**31)).all()):
+                failures.append(f"{name}: a launch left the workspace dirty")
+    return failures
+
+
+def registers(variants: dict) -> dict:
+    out = {}
+    for name, module in variants.items():
+        for dtype in (torch.bfloat16, torch.float32):
+            for k in (4, 16):
+                x = torch.randn(1, 32000, device="cuda").to(dtype)
+                prob, index = torch.empty(1, k, device="cuda"), torch.empty(1, k, device="cuda", dtype=torch.int64)
+                kernel = module.launch_selection(x, k, False, prob, index, None)
+                out[f"{name} {str(dtype).split('.')[1]} k={k}"] = (kernel.n_regs, kernel.n_spills)
+    return out
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--out")
+    parser.add_argument("--budget-s", type=float, default=300)
+    parser.add_argument("--base", default="5b6d1e4")
+    parser.add_argument("--check", help=argparse.SUPPRESS)
+    parser.add_argument("--wait-for", help="a file to wait for before timing (other GPU work of the same call ends)")
+    args = parser.parse_args()
+    device = torch.device("cuda")
+    work = (KERNELS / "_triton_selection.py").read_text()
+    assert LOAD_READ in work, "the working tree's floor read is not the load this probe compares"
+    base = subprocess.run(["git", "show", f"{args.base}:draftfuse/kernels/_triton_selection.py"], cwd=REPO,
+                          capture_output=True, text=True, check=True).stdout
+    where = Path(tempfile.mkdtemp(prefix="merge_probe_"))
+    sys.path.insert(0, str(where))
+    sources = {"sort": base, "rank": work.replace(LOAD_READ, ATOMIC_READ), "rank+load": work}
+    if args.check:  # one variant's checks (compiling its kernels into Triton's cache), in a process of its own
+        print(json.dumps(check({args.check: load_variant(args.check, sources[args.check], where)})))
+        return
+    # the variants' checks at once, one process each: most of their time is Triton compiling
+    checks = [subprocess.Popen([sys.executable, __file__, "--check", name, "--base", args.base], stdout=subprocess.PIPE, text=True)
+              for name in sources]
+    failures = [f for p in checks for f in json.loads(p.communicate()[0].splitlines()[-1])]
+    variants = {name: load_variant(name, source, where) for name, source in sources.items()}
+    print(f"checks: {len(failures)} failures", *failures[:10], sep="\n", flush=True)
+    regs = registers(variants)
+    print("registers, spills:", regs, flush=True)
+    while args.wait_for and not Path(args.wait_for).exists():
+        time.sleep(1)
+    bandwidth = _measure.copy_bandwidth(device)
+    print(f"copy bandwidth {bandwidth / 1e9:.0f} GB/s", flush=True)
+    start = time.time()
+    rows = []
+    names = list(variants)
+    # batch <= 64 first (the 8 us and 10x targets), then 256
+    points = [(dtype, vocab, batch) for batch in (1, 8, 32, 64, 256) for dtype in (torch.bfloat16, torch.float32)
+              for vocab in (32000, 128256, 151936, 262144)]
+    for dtype, vocab, batch in points:
+        if time.time() - start > args.budget_s:
+            print("budget: stopping", flush=True)
+            break
+        nbytes = batch * vocab * dtype.itemsize
+        inputs = [(torch.randn(batch, vocab, device=device) * 4).to(dtype) for _ in range(_measure.rotation_count(nbytes, device))]
+        floor_us = nbytes / bandwidth * 1e6
+        for k in (4, 8, 16):
+            calls = {"softmax+topk": selection_call("softmax+topk", k), **{n: launcher(m, k) for n, m in variants.items()}}
+            order = list(calls)
+            samples = {name: [] for name in calls}
+            for round_ in range(6):
+                for name in order[round_ % len(order):] + order[:round_ % len(order)]:
+                    samples[name] += _measure.time_in_graph(calls[name], inputs, 10)
+            times = {name: _measure.summary(s)["median_us"] for name, s in samples.items()}
+            limit, _ = selection_limit(k, batch, floor_us)
+            row = {"dtype": str(dtype).split(".")[1], "vocab": vocab, "batch": batch, "k": k, "floor_us": floor_us,
+                   "limit_us": limit, **{f"{n}_us": t for n, t in times.items()}}
+            rows.append(row)
+            print(f"{row['dtype']:8} {vocab:6} {batch:3} k={k:2} | limit {limit:5.2f} | "
+                  + " | ".join(f"{n}: {t:6.2f}" for n, t in times.items()), flush=True)
+            if args.out:
+                Path(args.out).write_text(json.dumps({"failures": failures, "registers": regs, "bandwidth": bandwidth, "rows": rows}, indent=1))
+    for n in names:
+        met = sum(r[n + "_us"] <= r["limit_us"] for r in rows)
+        small = [r for r in rows if r["batch"] <= 64]
+        tenx = sum(r["softmax+topk_us"] / r[n + "_us"] >= 10 for r in small)
+        ratio = sorted(r[n + "_us"] / r["sort_us"] for r in rows)
+        print(f"{n:10}: time met {met}/{len(rows)}, 10x {tenx}/{len(small)}; / sort: median {ratio[len(ratio) // 2]:.3f}, "
+              f"range {ratio[0]:.3f}-{ratio[-1]:.3f}")
+
+
+if __name__ == "__main__":
+    main()
