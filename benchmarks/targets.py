@@ -49,8 +49,10 @@ REASONS: dict[tuple[str, str | None], str] = {
         "(median 0.97), two tiles ahead and programs of 2-8 warps did not help (notes/kernels.md)"
     ),
     ("sel_k", None): (
-        "latency: 4.5-6.5 µs over k = 1 at batch 1, a chain of atomic round trips (slots, floor, candidates, "
-        "count) and one merge round; not registers (notes/kernels.md)"
+        "latency: 3.4-6.1 µs over k = 1 at batch 1, a chain one warp runs after the bytes (the floor read from "
+        "L2, the hit tile's filter and the candidates' atomic add in a program; the floor, filter and 32 x 32 "
+        "rank in the row's last one); ranking in place of a sort round took a median 0.90x (0.81-1.06), not "
+        "registers (notes/kernels.md)"
     ),
     ("sel_speedup", None): "the same fixed latency: at batch <= 64 softmax+topk is 55-200 µs, draftfuse 8-30 µs",
     ("baseline", None): "within the run-to-run spread of the median (about 1-2 %)",
