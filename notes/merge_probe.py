@@ -1,22 +1,25 @@
 """k > 1: the row's last program ranking its candidates at once (no merge round when each is alone in its
-lane) against the merge by sorted rounds, and the programs' floor read by a plain L2 load of the slots
-instead of an atomic, side by side in one process on a GPU. Result: notes/kernels.md ("Candidates ranked,
-not sorted").
+lane) against the merge by sorted rounds, the programs' floor read by a plain L2 load of the slots instead
+of an atomic, and the last program ranking up to 32 appended candidates without the floor, side by side in
+one process on a GPU. Result: notes/kernels.md ("Candidates ranked, not sorted").
 
 Variants, each a copy of draftfuse/kernels/_triton_{selection,launch}.py loaded under another module name:
-  sort        the kernel at `--base` (default 5b6d1e4, the one before): the last program merges by
-              64-wide sort rounds, the programs read the slots by an atomic max
-  rank        the working tree's kernel with that atomic read put back (by substitution here): the last
-              program ranks its candidates
-  rank+load   the working tree's: ranks, and its programs read the slots with a .cg load (and take in
+  sort        the kernel at 5b6d1e4: the last program merges by 64-wide sort rounds, the programs read
+              the slots by an atomic max
+  rank        the kernel at 6c1a404 with that atomic read put back (by substitution here): the last
+              program ranks its candidates when each is alone in its lane after the floor
+  rank+load   the kernel at 6c1a404: ranks, and its programs read the slots with a .cg load (and take in
               their own lanes' maxima)
+  first       the working tree's: as rank+load, and with at most 32 candidates appended the last program
+              ranks them all, computing no floor
 
 First every variant is checked against the reference (special rows of several vocabularies, forced splits,
 little room for candidates, scales of every sign, log, random rows at the timed sizes), and the workspace
 must be left idle. Each point: µs per call in a CUDA graph (inputs rotated over 3x the L2), 6 rounds of 10
-replays, the order rotating between rounds; softmax + topk timed beside them for the 10x target. Usage (GPU):
+replays, the order rotating between rounds; softmax + topk timed beside them for the 10x target. The first
+run (notes/merge_probe_h200.json) had sort, rank and rank+load, the working tree then being rank+load. Usage (GPU):
 
-    python notes/merge_probe.py [--out probe.json] [--budget-s 300] [--base REV]
+    python notes/merge_probe.py [--out probe.json] [--budget-s 300] [--variants NAME ...] [--batches B ...]
 
 (The checks run first, one process per variant at once: most of their time is Triton compiling.)
 """
@@ -116,23 +119,30 @@ def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--out")
     parser.add_argument("--budget-s", type=float, default=300)
-    parser.add_argument("--base", default="5b6d1e4")
+    parser.add_argument("--variants", nargs="+", default=["sort", "rank", "rank+load", "first"])
+    parser.add_argument("--batches", nargs="+", type=int, default=[1, 8, 32, 64, 256])
     parser.add_argument("--check", help=argparse.SUPPRESS)
     parser.add_argument("--wait-for", help="a file to wait for before timing (other GPU work of the same call ends)")
     args = parser.parse_args()
     device = torch.device("cuda")
-    work = (KERNELS / "_triton_selection.py").read_text()
-    assert LOAD_READ in work, "the working tree's floor read is not the load this probe compares"
-    base = subprocess.run(["git", "show", f"{args.base}:draftfuse/kernels/_triton_selection.py"], cwd=REPO,
-                          capture_output=True, text=True, check=True).stdout
+
+    def at(rev: str) -> str:  # a copy without that commit (the device machine's): notes/_at_REV.py, made beforehand
+        found = subprocess.run(["git", "show", f"{rev}:draftfuse/kernels/_triton_selection.py"], cwd=REPO,
+                               capture_output=True, text=True)
+        return found.stdout if found.returncode == 0 else (REPO / "notes" / f"_at_{rev}.py").read_text()
+
+    landed = at("6c1a404")
+    assert LOAD_READ in landed
+    every = {"sort": lambda: at("5b6d1e4"), "rank": lambda: landed.replace(LOAD_READ, ATOMIC_READ),
+             "rank+load": lambda: landed, "first": lambda: (KERNELS / "_triton_selection.py").read_text()}
+    sources = {name: every[name]() for name in args.variants}
     where = Path(tempfile.mkdtemp(prefix="merge_probe_"))
     sys.path.insert(0, str(where))
-    sources = {"sort": base, "rank": work.replace(LOAD_READ, ATOMIC_READ), "rank+load": work}
     if args.check:  # one variant's checks (compiling its kernels into Triton's cache), in a process of its own
         print(json.dumps(check({args.check: load_variant(args.check, sources[args.check], where)})))
         return
     # the variants' checks at once, one process each: most of their time is Triton compiling
-    checks = [subprocess.Popen([sys.executable, __file__, "--check", name, "--base", args.base], stdout=subprocess.PIPE, text=True)
+    checks = [subprocess.Popen([sys.executable, __file__, "--check", name, "--variants", *args.variants], stdout=subprocess.PIPE, text=True)
               for name in sources]
     failures = [f for p in checks for f in json.loads(p.communicate()[0].splitlines()[-1])]
     variants = {name: load_variant(name, source, where) for name, source in sources.items()}
@@ -147,7 +157,7 @@ def main() -> None:
     rows = []
     names = list(variants)
     # batch <= 64 first (the 8 us and 10x targets), then 256
-    points = [(dtype, vocab, batch) for batch in (1, 8, 32, 64, 256) for dtype in (torch.bfloat16, torch.float32)
+    points = [(dtype, vocab, batch) for batch in args.batches for dtype in (torch.bfloat16, torch.float32)
               for vocab in (32000, 128256, 151936, 262144)]
     for dtype, vocab, batch in points:
         if time.time() - start > args.budget_s:
@@ -176,8 +186,8 @@ def main() -> None:
         met = sum(r[n + "_us"] <= r["limit_us"] for r in rows)
         small = [r for r in rows if r["batch"] <= 64]
         tenx = sum(r["softmax+topk_us"] / r[n + "_us"] >= 10 for r in small)
-        ratio = sorted(r[n + "_us"] / r["sort_us"] for r in rows)
-        print(f"{n:10}: time met {met}/{len(rows)}, 10x {tenx}/{len(small)}; / sort: median {ratio[len(ratio) // 2]:.3f}, "
+        ratio = sorted(r[n + "_us"] / r[names[0] + "_us"] for r in rows)
+        print(f"{n:10}: time met {met}/{len(rows)}, 10x {tenx}/{len(small)}; / {names[0]}: median {ratio[len(ratio) // 2]:.3f}, "
               f"range {ratio[0]:.3f}-{ratio[-1]:.3f}")
 
 

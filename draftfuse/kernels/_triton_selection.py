@@ -28,13 +28,14 @@ bitonic sort in one warp), and writes them to a [k, splits] area after the candi
 Merge: each program writes its (m, sum) (the k = 1 kernel also its best key), then counts itself in with
 an atomic on a per-row counter; the row's last program (a release/acquire pair orders the others' writes
 before its reads) merges the partials, writes index and probability, and resets the counters and
-slots. For k > 1 it reads the final floor and the candidates (loaded before their count is known, one
-per lane while there are at most 32) and drops those under the floor. Usually each lane then holds at
-most one: their keys are distinct, so each one's rank among them (32 x 32 compares) is its place in the
-output, written at once. Otherwise (a lane holding two, or the room run out) it merges them by rounds,
-the [k, splits] area too when the room ran out.
-Measured on an H200 (notes/kernels.md, wave 2): k = 4 and k = 16 at batch 1 take 6.9-10.4 us, where
-the k = 1 kernel takes 3.8-5.5: the floor's read, the candidates' atomic and their merge more.
+slots. For k > 1 it loads the candidates before their count is known (one per lane while there are
+at most 32). With at most 32 appended they hold every element at or above the final floor, at least k,
+one per lane: their keys are distinct, so each one's rank among them (32 x 32 compares) is its place in
+the output, written at once, and no floor is computed. With more, it drops those under the final floor
+first and ranks them so if each lane then holds at most one; otherwise (a lane holding two, or the room
+run out) it merges them by rounds, the [k, splits] area too when the room ran out.
+Measured on an H200 (notes/kernels.md, wave 2): k = 4 and k = 16 at batch 1 take 6.6-10.4 us, where
+the k = 1 kernel takes 3.8-5.5: the floor's read, the candidates' atomic and their ranking more.
 
 The counter and slots live in a per-stream workspace (`_workspace`) that every launch leaves as it
 found it (all INT32_MIN), so a call needs no fill kernel; it is created outside CUDA-graph capture
@@ -435,13 +436,20 @@ def _merge_row(
             slot_keys = tl.atomic_xchg(slots_ptr + lanes, _NO_KEY, sem="relaxed")
         else:
             slot_keys = own
-        floor = _kth_largest(slot_keys, K)
-        cand = _above(keys, (flat < appended) & (flat < CAND), floor, s, s_sign, HAS_SCALE)
+        valid = (flat < appended) & (flat < CAND)
+        if appended <= 32:
+            # one per lane (places 0..31), and among them every element at or above the final floor, at
+            # least K: ranked as they are, with no floor to compute or filter by
+            floor = tl.full([], _NO_KEY, tl.int32)
+            cand = tl.where(valid, keys, _EMPTY)
+        else:
+            floor = _kth_largest(slot_keys, K)
+            cand = _above(keys, valid, floor, s, s_sign, HAS_SCALE)
         lane_best = _lane_max(cand)
         alone = tl.max(tl.sum(tl.sum((cand != _EMPTY).to(tl.int32), 2), 1), 0) <= 1
         if alone & (appended <= CAND):
-            # the usual case: every candidate alone in its lane; the keys are distinct, so each one's rank
-            # among them is its place in the output (the floor leaves at least K): no merge round
+            # the usual case: every candidate alone in its lane; the keys are distinct and hold the top K,
+            # so each one's rank among them is its place in the output: no merge round
             rank = tl.sum(((lane_best[None, :] > lane_best[:, None]) & (lane_best != _EMPTY)[None, :]).to(tl.int32), 1)
             _write_top(lane_best, rank, (lane_best != _EMPTY) & (rank < K), row64, s, s_sign, row_max, row_sum, log_sum,
                        finite, prob_ptr, index_ptr, log, K, HAS_SCALE)
