@@ -100,6 +100,9 @@ def _interpreter_cases(dtype: torch.dtype) -> list[tuple]:
             # every program's elements tie: the row's room for candidates runs out in every program
             ("constant-b1-v32000-k16-64-splits", torch.full((1, 32000), 0.25).to(dtype), 16, False, 64, None),
             ("ties-b8-v64-k4-log", torch.randint(-2, 3, (8, 64), generator=g).to(dtype), 4, True, None, None),
+            # a temperature of 0 as 1 / T: y = x * s is NaN at the zeros, the order u = x * sign(s)'s
+            ("zero-tail-v5000-k16-infinite-scales", randn(2, 5000).index_fill_(1, torch.arange(4000, 5000), 0.0), 16, True,
+             None, torch.tensor([INF, -INF])),
         ]
     if dtype == torch.float32:
         ties = rounding_ties()
@@ -121,7 +124,7 @@ def _interpreter_cases(dtype: torch.dtype) -> list[tuple]:
 def _random_hazard_cases(seed: int, count: int) -> list[tuple]:
     """(name, logits, k, splits, scale, candidates) drawn at random over the kernels' hazards: ties (few
     distinct values, rounded), mostly -inf rows, NaN, constant rows (all past the floor: the row's room
-    for candidates runs out), forced splits, scales of both signs and 0, little room for candidates; k = 1
+    for candidates runs out), forced splits, scales of both signs, 0 and +-inf, little room for candidates; k = 1
     (the argmax kernel: per-lane firsts, the NaN re-read) in about 2 of 7."""
     import random
 
@@ -148,7 +151,7 @@ def _random_hazard_cases(seed: int, count: int) -> list[tuple]:
         else:
             x = torch.full((rows, vocab), rng.choice([0.0, -1.5, -INF]))
         dtype = rng.choice(list(DTYPES.values()))
-        scale = torch.tensor([rng.choice([0.5, -1.0, 2.0, 0.0]) for _ in range(rows)]) if rng.random() < 0.3 else None
+        scale = torch.tensor([rng.choice([0.5, -1.0, 2.0, 0.0, INF, -INF]) for _ in range(rows)]) if rng.random() < 0.3 else None
         splits, candidates = rng.choice([None, 1, 2, 3, 5]), rng.choice([None, 32, 64])
         name = f"random {kind} {dtype} {rows}x{vocab} k={k} splits={splits} candidates={candidates} scaled={scale is not None}"
         cases.append((name, x.to(dtype), k, splits, scale, candidates))

@@ -7,7 +7,10 @@ Each row is split into chunks, one single-warp program per (row, chunk), so that
 fills the GPU (up to 256 chunks a row for k = 1, 128 for k > 1); a tile is 512 elements, 16 per lane
 as 16-byte loads, the next tile's loads issued before this tile's math, and the grid stays within one
 wave. With a scale s per row the softmax is that of y = x * s and the order is that of
-u = x * sign(s): the exact order of x * s, which rounding in y could tie for float32 logits.
+u = x * sign(s): the exact order of x * s, which rounding in y could tie for float32 logits. The floors
+below compare y, whose order is u's but for ties; with an infinite s (a temperature of 0) y is NaN where
+x = 0, out of u's order, so a k > 1 program runs on y = u there, and the row's probabilities (NaN in any
+softmax of y) are made NaN.
 
 Pass 1 (every program) streams its chunk tile by tile: the running max m and sum of exp(y - m)
 (online softmax), and each lane's max of y is published (atomic max, only when it grew) to 32 slots
@@ -272,6 +275,13 @@ def _selection_kernel(
     row, split, start, end, row_ptr, ws_row, lane_offs, s, s_sign = _program(
         logits_ptr, row_stride, vocab, chunk, scale_ptr, scale_stride, ws_ptr, BLOCK, V, HAS_SCALE, PDL
     )
+    if HAS_SCALE:
+        # An infinite scale (a temperature of 0): y = x * s is +-inf, or NaN where x = 0, whose NaN would
+        # rank zeros above every element in the floors and the hits, where the order is u's. The program
+        # then runs on y = u (its order, exactly) and the probabilities, NaN in any softmax of such a row,
+        # are made NaN through the row's sum.
+        infinite = (s == float("inf")) | (s == float("-inf"))
+        s = tl.where(infinite, s_sign, s)
     slots_ptr = ws_row + 32
     lanes = tl.arange(0, 32)
     publish = splits > 1
@@ -341,6 +351,8 @@ def _selection_kernel(
                 top, kth = _insert(tl.where(missed, keys, _EMPTY), top, kth, K, SORT)
     # [K, splits] slot-major after the candidates: _EMPTY unless some of this program's didn't fit
     tl.store(key_row + CAND + lanes * splits + split, top, mask=lanes < K)
+    if HAS_SCALE:
+        row_sum = tl.where(infinite, float("nan"), row_sum)
 
     _arrive(
         row, split, splits, row_max, row_sum, s, s_sign, part_ptr, key_ptr, ws_row, slots_ptr, own, prob_ptr, index_ptr,
