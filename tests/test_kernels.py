@@ -423,6 +423,11 @@ def test_cuda_kernels_match_reference(dtype_name, k, scaled):
             scale = special_scales(10, "cuda") if scaled else None
             prob, index = torch.ops.draftfuse.topk_prob(x, k, False, scale)
             assert not (problem := check_selection(x, k, False, prob, index, scale)), (vocab, problem)
+    if scaled:  # a temperature of 0 as 1 / T over a zero tail: y = x * s is NaN there, the order u's
+        x = torch.randn(2, 5000, device="cuda", generator=g).to(dtype).index_fill_(1, torch.arange(4000, 5000, device="cuda"), 0.0)
+        scale = torch.tensor([INF, -INF], device="cuda")
+        prob, index = torch.ops.draftfuse.topk_prob(x, k, True, scale)
+        assert not (problem := check_selection(x, k, True, prob, index, scale)), problem
     if dtype == torch.float32 and scaled:
         x = rounding_ties("cuda")
         scale = torch.tensor([0.75, -0.75, 0.75], device="cuda")
