@@ -113,6 +113,8 @@ def _interpreter_cases(dtype: torch.dtype) -> list[tuple]:
             ("rounding-ties-k1", ties, 1, False, 2, torch.tensor([0.75, 0.75, -0.75])),
             ("rounding-ties-k4", ties, 4, False, 2, torch.tensor([0.75, -0.75, 0.75])),
             ("random-b1-v40000-k1-0d-scale", randn(1, 40000), 1, False, None, torch.tensor(-0.7)),
+            # 79 tiles in one chunk, most of the top k past tile 32 (its record of tile maxima must reach them)
+            ("random-b1-v40000-k4-one-split", randn(1, 40000), 4, False, 1, None),
         ]
     return [  # float16
         ("special-v7-k4-scaled-log", special_rows(7, dtype), 4, True, None, special_scales(10)),
