@@ -10,14 +10,17 @@ Variants, each a copy of draftfuse/kernels/_triton_{selection,launch}.py loaded 
               program ranks its candidates when each is alone in its lane after the floor
   rank+load   the kernel at 6c1a404: ranks, and its programs read the slots with a .cg load (and take in
               their own lanes' maxima)
-  first       the working tree's: as rank+load, and with at most 32 candidates appended the last program
+  first       the kernel at 9c8c0be: as rank+load, and with at most 32 candidates appended the last program
               ranks them all, computing no floor
+  record      the working tree's (branch exp/k-gt-1-record): as first, a program's record of tile maxima
+              as long as its tiles (at least 32) instead of 256, and whole tiles re-read unmasked
 
 First every variant is checked against the reference (special rows of several vocabularies, forced splits,
 little room for candidates, scales of every sign, log, random rows at the timed sizes), and the workspace
 must be left idle. Each point: µs per call in a CUDA graph (inputs rotated over 3x the L2), 6 rounds of 10
 replays, the order rotating between rounds; softmax + topk timed beside them for the 10x target. The first
-run (notes/merge_probe_h200.json) had sort, rank and rank+load, the working tree then being rank+load. Usage (GPU):
+run (notes/merge_probe_h200.json) had sort, rank and rank+load; the second (notes/merge_probe2_h200.json)
+rank+load and first. Usage (GPU):
 
     python notes/merge_probe.py [--out probe.json] [--budget-s 300] [--variants NAME ...] [--batches B ...]
 
@@ -48,13 +51,13 @@ ATOMIC_READ = 'slot_keys = tl.atomic_max(slots_ptr + lanes, _NO_KEY, sem="relaxe
 LOAD_READ = 'slot_keys = tl.maximum(tl.load(slots_ptr + lanes, cache_modifier=".cg"), own)'
 
 
-def load_variant(name: str, selection_source: str, where: Path):
-    """The launch module of a variant: its kernel source saved as a module of its own, the launcher's
-    imports pointed at it."""
+def load_variant(name: str, sources: tuple[str, str], where: Path):
+    """The launch module of a variant: its kernel and launcher sources (_triton_selection.py,
+    _triton_launch.py) saved as modules of their own, the launcher's import pointed at its kernel."""
     tag = name.replace("+", "_")
-    (where / f"v_{tag}_selection.py").write_text(selection_source)
-    launch = (KERNELS / "_triton_launch.py").read_text().replace(
-        "from draftfuse.kernels._triton_selection import", f"from v_{tag}_selection import")
+    selection, launch = sources
+    (where / f"v_{tag}_selection.py").write_text(selection)
+    launch = launch.replace("from draftfuse.kernels._triton_selection import", f"from v_{tag}_selection import")
     (where / f"v_{tag}_launch.py").write_text(launch)
     spec = importlib.util.spec_from_file_location(f"v_{tag}_launch", where / f"v_{tag}_launch.py")
     module = importlib.util.module_from_spec(spec)
@@ -119,22 +122,26 @@ def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--out")
     parser.add_argument("--budget-s", type=float, default=300)
-    parser.add_argument("--variants", nargs="+", default=["sort", "rank", "rank+load", "first"])
+    parser.add_argument("--variants", nargs="+", default=["first", "record"])
     parser.add_argument("--batches", nargs="+", type=int, default=[1, 8, 32, 64, 256])
     parser.add_argument("--check", help=argparse.SUPPRESS)
     parser.add_argument("--wait-for", help="a file to wait for before timing (other GPU work of the same call ends)")
     args = parser.parse_args()
     device = torch.device("cuda")
 
-    def at(rev: str) -> str:  # a copy without that commit (the device machine's): notes/_at_REV.py, made beforehand
-        found = subprocess.run(["git", "show", f"{rev}:draftfuse/kernels/_triton_selection.py"], cwd=REPO,
+    def at(rev: str, name: str) -> str:
+        """draftfuse/kernels/_triton_{name}.py at `rev`; on a copy without that commit (the device machine's
+        was one), notes/_at_{rev}_{name}.py, made beforehand by git show."""
+        found = subprocess.run(["git", "show", f"{rev}:draftfuse/kernels/_triton_{name}.py"], cwd=REPO,
                                capture_output=True, text=True)
-        return found.stdout if found.returncode == 0 else (REPO / "notes" / f"_at_{rev}.py").read_text()
+        return found.stdout if found.returncode == 0 else (REPO / "notes" / f"_at_{rev}_{name}.py").read_text()
 
-    landed = at("6c1a404")
-    assert LOAD_READ in landed
-    every = {"sort": lambda: at("5b6d1e4"), "rank": lambda: landed.replace(LOAD_READ, ATOMIC_READ),
-             "rank+load": lambda: landed, "first": lambda: (KERNELS / "_triton_selection.py").read_text()}
+    def pair(rev: str, change=lambda source: source) -> tuple[str, str]:
+        return change(at(rev, "selection")), at(rev, "launch")
+
+    here = tuple((KERNELS / f"_triton_{name}.py").read_text() for name in ("selection", "launch"))
+    every = {"sort": lambda: pair("5b6d1e4"), "rank": lambda: pair("6c1a404", lambda s: s.replace(LOAD_READ, ATOMIC_READ)),
+             "rank+load": lambda: pair("6c1a404"), "first": lambda: pair("9c8c0be"), "record": lambda: here}
     sources = {name: every[name]() for name in args.variants}
     where = Path(tempfile.mkdtemp(prefix="merge_probe_"))
     sys.path.insert(0, str(where))

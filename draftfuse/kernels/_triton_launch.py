@@ -229,7 +229,8 @@ def launch_selection(
     if k == 1:  # its own kernel (_triton_argmax.py): per-lane state, no candidates
         kernel = _argmax_kernel[(rows, splits)](*args, **common)
     else:
-        kernel = _selection_kernel[(rows, splits)](*args, K=k, CAND=cand, SORT=sort, **common)
+        record = max(32, triton.next_power_of_2(chunk // block))  # the chunk's tiles, at least 32 (one per lane)
+        kernel = _selection_kernel[(rows, splits)](*args, K=k, CAND=cand, SORT=sort, RECORD=record, **common)
     if fit is None and getattr(kernel, "n_regs", 0):  # the first launch of this kernel: note its occupancy
         _fits[key] = _programs_that_fit(kernel.n_regs)
     return kernel

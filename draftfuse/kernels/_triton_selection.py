@@ -69,7 +69,7 @@ _EMPTY = tl.constexpr(-(2**63))  # int64 below every packed key
 _NAN_KEY = tl.constexpr(2**31 - 1)
 _BIG_INDEX = tl.constexpr(2**31 - 1)
 _LOG2E = tl.constexpr(1.4426950408889634)
-_MAX_TILES = tl.constexpr(256)  # tiles per chunk: the length of a program's record of tile maxima
+_MAX_TILES = tl.constexpr(256)  # tiles per chunk at most (a program's record of tile maxima: RECORD <= this)
 _MAX_SPLITS = 256  # chunks per row at most; the last program reads every chunk's (max, sum) at once: MERGE of them
 _TOPK_SPLITS = 128  # k > 1 aims at no more: 256 chunks ran no faster for k > 1 (notes/kernels.md, "256 chunks a row")
 
@@ -204,7 +204,7 @@ def _tile_y(x, valid, s, MASKED: tl.constexpr, HAS_SCALE: tl.constexpr):
 @triton.jit
 def _stream_tile(
     x, valid, t, s, row_max, row_sum, tile_keys, own, slots_ptr, publish,
-    MASKED: tl.constexpr, HAS_SCALE: tl.constexpr, GPU: tl.constexpr,
+    MASKED: tl.constexpr, HAS_SCALE: tl.constexpr, GPU: tl.constexpr, RECORD: tl.constexpr,
 ):
     """Pass 1 of k > 1 for one tile: the online softmax's (max, sum), the tile's max key, each lane's max
     published to the row's slots where it grew."""
@@ -218,7 +218,7 @@ def _stream_tile(
     row_sum = row_sum * tl.exp2((row_max - shift) * _LOG2E) + tile_sum
     # NaN in the tile (or +inf - +inf): it shows in the sum even where tl.max skips NaN (on the GPU)
     special = tile_sum != tile_sum
-    tile_keys = tl.where(tl.arange(0, _MAX_TILES) == t, tl.where(special, _NAN_KEY, _order_key(tile_max)), tile_keys)
+    tile_keys = tl.where(tl.arange(0, RECORD) == t, tl.where(special, _NAN_KEY, _order_key(tile_max)), tile_keys)
     lane_key = _order_key(lane_max)
     grew = lane_key > own
     if publish:
@@ -269,9 +269,11 @@ def _selection_kernel(
     part_ptr, key_ptr, ws_ptr, prob_ptr, index_ptr, log,
     K: tl.constexpr, BLOCK: tl.constexpr, V: tl.constexpr, CAND: tl.constexpr,
     HAS_SCALE: tl.constexpr, GPU: tl.constexpr, PDL: tl.constexpr, SORT: tl.constexpr, MERGE: tl.constexpr,
+    RECORD: tl.constexpr,
 ):
     # GPU: compiled for a GPU (PTX exp), not run by Triton's interpreter; SORT: merge top lists by
-    # tl.sort rather than by ranks (see _merge_top); MERGE: a power of two >= splits (128 or 256)
+    # tl.sort rather than by ranks (see _merge_top); MERGE: a power of two >= splits (128 or 256);
+    # RECORD: a power of two >= 32 and >= the chunk's tiles, the length of its record of tile maxima
     row, split, start, end, row_ptr, ws_row, lane_offs, s, s_sign = _program(
         logits_ptr, row_stride, vocab, chunk, scale_ptr, scale_stride, ws_ptr, BLOCK, V, HAS_SCALE, PDL
     )
@@ -287,7 +289,7 @@ def _selection_kernel(
     publish = splits > 1
     row_max = tl.full([], float("-inf"), tl.float32)
     row_sum = tl.full([], 0.0, tl.float32)
-    tile_keys = tl.full([_MAX_TILES], _NO_KEY, tl.int32)
+    tile_keys = tl.full([RECORD], _NO_KEY, tl.int32)
     own = tl.full([32], _NO_KEY, tl.int32)
 
     # Pass 1: whole tiles, each tile's load issued one tile ahead so that its DRAM latency overlaps
@@ -300,7 +302,7 @@ def _selection_kernel(
         next_x = tl.load(row_ptr + offs + BLOCK, mask=offs + BLOCK < full_end, other=0.0)
         row_max, row_sum, tile_keys, own = _stream_tile(
             x, offs < end, (tile - start) // BLOCK, s, row_max, row_sum, tile_keys, own, slots_ptr, publish,
-            False, HAS_SCALE, GPU,
+            False, HAS_SCALE, GPU, RECORD,
         )
     if full_end < end:  # the ragged tail
         offs = full_end + lane_offs
@@ -308,7 +310,7 @@ def _selection_kernel(
         x = tl.load(row_ptr + offs, mask=valid, other=0.0).to(tl.float32)
         row_max, row_sum, tile_keys, own = _stream_tile(
             x, valid, (full_end - start) // BLOCK, s, row_max, row_sum, tile_keys, own, slots_ptr, publish,
-            True, HAS_SCALE, GPU,
+            True, HAS_SCALE, GPU, RECORD,
         )
 
     # Pass 2: the floor from the slots, then only the tiles whose max reaches it; their elements at or
@@ -324,15 +326,18 @@ def _selection_kernel(
     key_row = key_ptr + row.to(tl.int64) * (CAND + K * splits)
     top = tl.full([32], _EMPTY, tl.int64)
     kth = tl.full([], _EMPTY, tl.int64)
-    tiles = tl.arange(0, _MAX_TILES)
+    tiles = tl.arange(0, RECORD)
     pending = tile_keys >= floor  # tiles past the chunk hold _NO_KEY: below any floor but _NO_KEY's
     pending = pending & (tiles * BLOCK < end - start)
     while tl.max(pending.to(tl.int32), 0) > 0:
-        t = tl.min(tl.where(pending, tiles, _MAX_TILES), 0)
+        t = tl.min(tl.where(pending, tiles, RECORD), 0)
         pending = pending & (tiles != t)
         offs = start + t * BLOCK + lane_offs
         valid = offs < end
-        x = tl.load(row_ptr + offs, mask=valid, other=0.0).to(tl.float32)
+        if start + (t + 1) * BLOCK <= end:  # a whole tile: unmasked, so 16-byte loads (from L1 or L2)
+            x = tl.load(row_ptr + offs).to(tl.float32)
+        else:
+            x = tl.load(row_ptr + offs, mask=valid, other=0.0).to(tl.float32)
         if HAS_SCALE:
             y_key = _order_key(x * s)
             u = x * s_sign
