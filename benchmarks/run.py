@@ -107,6 +107,9 @@ def _parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--quick", action="store_true", help="fewer vocabularies and batch sizes")
     batches = lambda text: tuple(int(b) for b in text.split(","))  # noqa: E731
     parser.add_argument("--batches", type=batches, help="batch sizes of every workload, in this order, e.g. 1,32,8")
+    names = lambda text: tuple(text.split(","))  # noqa: E731
+    parser.add_argument("--vocabs", type=batches, help="selection: vocabularies, e.g. 262144 (default: all)")
+    parser.add_argument("--dtypes", type=names, help="selection: logits dtypes, e.g. float32 (default: all)")
     parser.add_argument("--rounds", type=int, default=100, help="timed calls per draft variant (default 100)")
     parser.add_argument("--replays", type=int, default=30, help="selection: CUDA graph replays timed (default 30)")
     parser.add_argument("--no-warm-compile", dest="warm_compile", action="store_false",
@@ -144,8 +147,8 @@ def _units(args: argparse.Namespace) -> Iterator[tuple[str, tuple]]:
         for workload in (w for w in wanted if w in DRAFT_WORKLOADS):
             yield workload, (batch,)
     if "selection" in wanted:
-        vocabs = QUICK_SELECTION_VOCABS if args.quick else SELECTION_VOCABS
-        for dtype in SELECTION_DTYPES:
+        vocabs = args.vocabs or (QUICK_SELECTION_VOCABS if args.quick else SELECTION_VOCABS)
+        for dtype in args.dtypes or SELECTION_DTYPES:
             for vocab in vocabs:
                 for batch in args.batches or (QUICK_SELECTION_BATCHES if args.quick else SELECTION_BATCHES):
                     yield "selection", (dtype, vocab, batch)

@@ -49,12 +49,12 @@ REASONS: dict[tuple[str, str | None], str] = {
         "(median 0.97), two tiles ahead and programs of 2-8 warps did not help (notes/kernels.md)"
     ),
     ("sel_k", None): (
-        "latency: 3.4-6.1 µs over k = 1 at batch 1, a chain one warp runs after the bytes (the floor read from "
-        "L2, the hit tile's filter and the candidates' atomic add in a program; the floor, filter and 32 x 32 "
-        "rank in the row's last one); ranking in place of a sort round took a median 0.90x (0.81-1.06), not "
-        "registers (notes/kernels.md)"
+        "latency: 2.9-4.9 µs over k = 1 at batch 1, a chain one warp runs after the bytes (the floor read from "
+        "L2, the hit tile's filter and the candidates' atomic add in a program; the 32 x 32 rank in the row's "
+        "last one); ranking in place of a sort round took a median 0.90x (0.81-1.06), a record as long as the "
+        "chunk (121-128 registers, was 165-168) 0.95x (0.84-1.06) (notes/kernels.md)"
     ),
-    ("sel_speedup", None): "the same fixed latency: at batch <= 64 softmax+topk is 55-200 µs, draftfuse 8-30 µs",
+    ("sel_speedup", None): "the same fixed latency: at batch <= 64 softmax+topk is 56-430 µs, draftfuse 6.8-32 µs",
     ("baseline", None): "within the run-to-run spread of the median (about 1-2 %)",
     ("tp_speedup", None): "not measured: the 2-GPU machine stopped being lent after this session's first call",
     ("tp_batch1", None): "not measured: the 2-GPU machine stopped being lent after this session's first call",
