@@ -12,9 +12,12 @@ and draftfuse's k = 1 kernel (`k=1`) beside them. What remains in no-publish is 
 online softmax and the tile record), the programs' ends (partials, the release counter, K keys of the
 overflow area), and the last program's loads of the partials and candidates. Each point: µs per call in
 a CUDA graph (inputs rotated over 3x the L2), 6 rounds of 10 replays, the order rotating between rounds.
-Usage (GPU):
+`--counts`: each row's appended candidates instead (the full kernel writing the count over the row's first
+probability). `--k16`: k = 16 only, full against no-atomic (pass 2 as it is but with no atomic add to
+reserve the candidates' places: they overwrite each other, and the last program ranks none) and no-hits
+(built after the first run; not run yet). Usage (GPU):
 
-    python notes/k_breakdown_probe.py [--out probe.json] [--budget-s 120]
+    python notes/k_breakdown_probe.py [--out probe.json] [--budget-s 120] [--counts | --k16]
 """
 
 import argparse

@@ -12,15 +12,17 @@ Variants, each a copy of draftfuse/kernels/_triton_{selection,launch}.py loaded 
               their own lanes' maxima)
   first       the kernel at 9c8c0be: as rank+load, and with at most 32 candidates appended the last program
               ranks them all, computing no floor
-  record      the working tree's (branch exp/k-gt-1-record): as first, a program's record of tile maxima
+  record      the working tree's (landed as c029730): as first, a program's record of tile maxima
               as long as its tiles (at least 32) instead of 256, and whole tiles re-read unmasked
+  sector      as record, the row's candidate count in workspace column 16 (a 32-byte sector of its own)
+              instead of column 1, beside the arrival counter that every program's release hits
 
 First every variant is checked against the reference (special rows of several vocabularies, forced splits,
 little room for candidates, scales of every sign, log, random rows at the timed sizes), and the workspace
 must be left idle. Each point: µs per call in a CUDA graph (inputs rotated over 3x the L2), 6 rounds of 10
 replays, the order rotating between rounds; softmax + topk timed beside them for the 10x target. The first
 run (notes/merge_probe_h200.json) had sort, rank and rank+load; the second (notes/merge_probe2_h200.json)
-rank+load and first. Usage (GPU):
+rank+load and first; the third (notes/merge_probe3_h200.json) first and record. Usage (GPU):
 
     python notes/merge_probe.py [--out probe.json] [--budget-s 300] [--variants NAME ...] [--batches B ...]
 
@@ -48,6 +50,7 @@ from tests.test_kernels import check_selection, special_rows, special_scales  # 
 
 KERNELS = REPO / "draftfuse" / "kernels"
 ATOMIC_READ = 'slot_keys = tl.atomic_max(slots_ptr + lanes, _NO_KEY, sem="relaxed")'
+COUNT_AT = ("ws_row + 1, ", "ws_row + 16, ")  # the candidates' count: reserved (atomic add), then read and reset
 LOAD_READ = 'slot_keys = tl.maximum(tl.load(slots_ptr + lanes, cache_modifier=".cg"), own)'
 
 
@@ -136,12 +139,17 @@ def main() -> None:
                                capture_output=True, text=True)
         return found.stdout if found.returncode == 0 else (REPO / "notes" / f"_at_{rev}_{name}.py").read_text()
 
+    def moved(source: str, old: str, new: str, count: int) -> str:
+        assert source.count(old) == count, old
+        return source.replace(old, new)
+
     def pair(rev: str, change=lambda source: source) -> tuple[str, str]:
         return change(at(rev, "selection")), at(rev, "launch")
 
     here = tuple((KERNELS / f"_triton_{name}.py").read_text() for name in ("selection", "launch"))
     every = {"sort": lambda: pair("5b6d1e4"), "rank": lambda: pair("6c1a404", lambda s: s.replace(LOAD_READ, ATOMIC_READ)),
-             "rank+load": lambda: pair("6c1a404"), "first": lambda: pair("9c8c0be"), "record": lambda: here}
+             "rank+load": lambda: pair("6c1a404"), "first": lambda: pair("9c8c0be"), "record": lambda: here,
+             "sector": lambda: (moved(here[0], *COUNT_AT, count=2), here[1])}
     sources = {name: every[name]() for name in args.variants}
     where = Path(tempfile.mkdtemp(prefix="merge_probe_"))
     sys.path.insert(0, str(where))
