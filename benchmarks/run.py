@@ -3,6 +3,7 @@
     python benchmarks/run.py                    # on a GPU: every workload at reference size
     python benchmarks/run.py --quick            # fewer vocabularies and batch sizes
     python benchmarks/run.py --only mtp eagle   # some workloads (their rows update an existing results file)
+    python benchmarks/run.py --only selection --vocabs 262144 --dtypes float32   # some logits shapes
     python benchmarks/run.py --device cpu --size tiny --quick --rounds 3 --out /tmp/bench   # CPU smoke run
     bash scripts/gpu_bench.sh                   # the whole GPU run in one go (selection and drafts)
 
@@ -69,7 +70,7 @@ def _results_name(device: torch.device) -> str:
 
 
 class _Results:
-    """The rows so far, written out after every step; a partial run (--only, --batches) updates the rows
+    """The rows so far, written out after every step; a partial run (--only, --batches, --vocabs, --dtypes) updates the rows
     it measures in an existing results file and keeps the others (and the runs that measured them)."""
 
     def __init__(self, out: Path, name: str, meta: dict, partial: bool, baseline=None, tp=None) -> None:
@@ -130,6 +131,11 @@ def _parse_args(argv: list[str] | None) -> argparse.Namespace:
     return args
 
 
+def _partial(args: argparse.Namespace) -> bool:
+    """Whether the run measures a part of the grid (its rows update the results file's, the rest kept)."""
+    return bool(args.only or args.batches or args.vocabs or args.dtypes)
+
+
 def _warm_up_compiler(device: torch.device) -> None:
     """One small compile, so that the first measured compile does not pay for lazy imports and for
     starting Inductor's compile workers."""
@@ -186,8 +192,7 @@ def main(argv: list[str] | None = None) -> None:
         name = _results_name(device)
         baseline = args.baseline or report.default_baseline(name)
         tp = args.tp or report.default_tp(args.out, name)
-        partial = bool(args.only or args.batches)
-        results = _Results(args.out, name, meta, partial, baseline, tp)
+        results = _Results(args.out, name, meta, _partial(args), baseline, tp)
         _log(f"{meta['gpu']}, torch {meta['torch']}, size {args.size}, {args.rounds} rounds; copy bandwidth "
              f"{report._fmt(meta['copy_bandwidth_TBps'], 2)} TB/s; writing {results.json_path}")  # fmt: skip
         _log(f"baseline (previous results): {baseline}; tensor-parallel rows: {tp}")

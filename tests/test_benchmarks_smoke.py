@@ -249,3 +249,11 @@ def test_one_median_and_cpu_timings():
     samples = _measure.time_alternating({"ok": lambda: None, "bad": lambda: 1 / 0}, cpu, rounds=2, errors=errors)
     assert list(samples) == ["ok"] and errors["bad"].startswith("ZeroDivisionError")
     assert _measure.rotation_count(1 << 20, cpu) == 1
+
+
+def test_selection_subsets_are_partial_runs_of_those_shapes_only():
+    args = run._parse_args(["--device", "cpu", "--vocabs", "262144", "--dtypes", "float32"])
+    assert list(run._units(args))[-5:] == [("selection", ("float32", 262144, b)) for b in (1, 8, 32, 64, 256)]
+    assert all(unit[0] == "float32" and unit[1] == 262144 for workload, unit in run._units(args) if workload == "selection")
+    assert run._partial(args) and run._partial(run._parse_args(["--device", "cpu", "--dtypes", "bfloat16"]))
+    assert not run._partial(run._parse_args(["--device", "cpu"]))
