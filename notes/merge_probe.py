@@ -16,6 +16,8 @@ Variants, each a copy of draftfuse/kernels/_triton_{selection,launch}.py loaded 
               as long as its tiles (at least 32) instead of 256, and whole tiles re-read unmasked
   sector      as record, the row's candidate count in workspace column 16 (a 32-byte sector of its own)
               instead of column 1, beside the arrival counter that every program's release hits
+  split256    as record, k > 1 aiming at up to 256 chunks a row instead of 128 (as k = 1 does; measured no
+              faster when the kernel took 165 registers, not since it takes 121-128)
 
 First every variant is checked against the reference (special rows of several vocabularies, forced splits,
 little room for candidates, scales of every sign, log, random rows at the timed sizes), and the workspace
@@ -149,7 +151,8 @@ def main() -> None:
     here = tuple((KERNELS / f"_triton_{name}.py").read_text() for name in ("selection", "launch"))
     every = {"sort": lambda: pair("5b6d1e4"), "rank": lambda: pair("6c1a404", lambda s: s.replace(LOAD_READ, ATOMIC_READ)),
              "rank+load": lambda: pair("6c1a404"), "first": lambda: pair("9c8c0be"), "record": lambda: here,
-             "sector": lambda: (moved(here[0], *COUNT_AT, count=2), here[1])}
+             "sector": lambda: (moved(here[0], *COUNT_AT, count=2), here[1]),
+             "split256": lambda: (moved(here[0], "_TOPK_SPLITS = 128", "_TOPK_SPLITS = 256", count=1), here[1])}
     sources = {name: every[name]() for name in args.variants}
     where = Path(tempfile.mkdtemp(prefix="merge_probe_"))
     sys.path.insert(0, str(where))
