@@ -49,10 +49,12 @@ REASONS: dict[tuple[str, str | None], str] = {
         "(median 0.97), two tiles ahead and programs of 2-8 warps did not help (notes/kernels.md)"
     ),
     ("sel_k", None): (
-        "latency: 2.9-4.9 µs over k = 1 at batch 1, a chain one warp runs after the bytes (the floor read from "
-        "L2, the hit tile's filter and the candidates' atomic add in a program; the 32 x 32 rank in the row's "
-        "last one); ranking in place of a sort round took a median 0.90x (0.81-1.06), a record as long as the "
-        "chunk (121-128 registers, was 165-168) 0.95x (0.84-1.06) (notes/kernels.md)"
+        "latency: 2.9-4.9 µs over k = 1 at batch 1, 2.9-4.9 (k = 4) and 4.7-7.5 (k = 16) at batch 8-32; taken "
+        "apart on the H200: pass 2's hit tiles (re-read, the candidates' atomic add and stores, the last "
+        "program's rank) 1.2-1.8 µs at k = 4 and 1.5-5.4 at k = 16, the floor's read 0.1-1.0, publishing to "
+        "the slots 0-1.0, the rest (128 chunks a row, the tile-wise pass 1) 1.2-2.0; ranking in place of a "
+        "sort round took a median 0.90x, a record as long as the chunk (121-128 registers, was 165-168) 0.95x "
+        "(notes/kernels.md)"
     ),
     ("sel_speedup", None): "the same fixed latency: at batch <= 64 softmax+topk is 56-430 µs, draftfuse 6.8-32 µs",
     ("baseline", None): "within the run-to-run spread of the median (about 1-2 %)",
