@@ -34,7 +34,7 @@ sys.path.insert(0, str(REPO / "notes"))
 import torch  # noqa: E402
 
 from draftfuse import _measure  # noqa: E402
-from merge_probe import launcher, load_variant  # noqa: E402
+from merge_probe import launcher, load_variant, side_by_side  # noqa: E402
 
 KERNELS = REPO / "draftfuse" / "kernels"
 NO_HITS = ("while tl.max(pending.to(tl.int32), 0) > 0:", "while tl.max(pending.to(tl.int32), 0) > splits + 1:")
@@ -110,12 +110,7 @@ def main() -> None:
             else:
                 calls = {"k=1": launcher(modules["full"], 1), **{f"{n} k=4": launcher(m, 4) for n, m in modules.items() if n != "no-atomic"},
                          "full k=16": launcher(modules["full"], 16), "no-hits k=16": launcher(modules["no-hits"], 16)}
-            order = list(calls)
-            samples = {name: [] for name in calls}
-            for round_ in range(6):
-                for name in order[round_ % len(order):] + order[:round_ % len(order)]:
-                    samples[name] += _measure.time_in_graph(calls[name], inputs, 10)
-            times = {name: _measure.summary(s)["median_us"] for name, s in samples.items()}
+            times = side_by_side(calls, inputs)
             rows.append({"dtype": "bfloat16", "vocab": vocab, "batch": batch, **{f"{n}_us": t for n, t in times.items()}})
             print(f"bf16 {vocab:6} b{batch:<3} " + " | ".join(f"{n}: {t:6.2f}" for n, t in times.items()), flush=True)
             if args.out:

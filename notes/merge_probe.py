@@ -80,6 +80,16 @@ def launcher(module, k, scale=None, log=False, **tile):
     return call
 
 
+def side_by_side(calls: dict, inputs: list, rounds: int = 6, replays: int = 10) -> dict[str, float]:
+    """Median µs per call of each of `calls` in a CUDA graph over `inputs`, the order rotating between rounds."""
+    order = list(calls)
+    samples = {name: [] for name in calls}
+    for round_ in range(rounds):
+        for name in order[round_ % len(order):] + order[:round_ % len(order)]:
+            samples[name] += _measure.time_in_graph(calls[name], inputs, replays)
+    return {name: _measure.summary(s)["median_us"] for name, s in samples.items()}
+
+
 def check(variants: dict) -> list[str]:
     failures = []
     g = torch.Generator(device="cuda").manual_seed(0)
@@ -186,12 +196,7 @@ def main() -> None:
         floor_us = nbytes / bandwidth * 1e6
         for k in (4, 8, 16):
             calls = {"softmax+topk": selection_call("softmax+topk", k), **{n: launcher(m, k) for n, m in variants.items()}}
-            order = list(calls)
-            samples = {name: [] for name in calls}
-            for round_ in range(6):
-                for name in order[round_ % len(order):] + order[:round_ % len(order)]:
-                    samples[name] += _measure.time_in_graph(calls[name], inputs, 10)
-            times = {name: _measure.summary(s)["median_us"] for name, s in samples.items()}
+            times = side_by_side(calls, inputs)
             limit, _ = selection_limit(k, batch, floor_us)
             row = {"dtype": str(dtype).split(".")[1], "vocab": vocab, "batch": batch, "k": k, "floor_us": floor_us,
                    "limit_us": limit, **{f"{n}_us": t for n, t in times.items()}}
