@@ -22,7 +22,7 @@ On a CPU there are no CUDA events, graphs, launches or a device to keep busy: th
 Budget: a draft batch at reference size compiles four variants (~30-45 s on an H200), a selection shape
 takes a few seconds. The run starts no new unit (draft batch or logits shape) after --budget-s seconds
 (default 420 on a GPU, no limit on a CPU) and lists what it skipped; a later run with --only (and
---batches) measures those into the same results file, keeping the rows it does not remeasure. So a run
+--batches, --vocabs, --dtypes) measures those into the same results file, keeping the rows it does not remeasure. So a run
 lasts at most --budget-s plus its longest unit (and the imports before the clock starts).
 """
 
@@ -70,8 +70,9 @@ def _results_name(device: torch.device) -> str:
 
 
 class _Results:
-    """The rows so far, written out after every step; a partial run (--only, --batches, --vocabs, --dtypes) updates the rows
-    it measures in an existing results file and keeps the others (and the runs that measured them)."""
+    """The rows so far, written out after every step; a partial run (--only, --batches, --vocabs, --dtypes)
+    updates the rows it measures in an existing results file and keeps the others (and the runs that
+    measured them)."""
 
     def __init__(self, out: Path, name: str, meta: dict, partial: bool, baseline=None, tp=None) -> None:
         self.out, self.name, self.meta, self.baseline, self.tp = out, name, meta, baseline, tp
@@ -106,10 +107,10 @@ def _parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--size", choices=("tiny", "reference"), help="draft size (default: reference on cuda)")
     parser.add_argument("--only", nargs="+", choices=WORKLOADS, help="run only these workloads")
     parser.add_argument("--quick", action="store_true", help="fewer vocabularies and batch sizes")
-    batches = lambda text: tuple(int(b) for b in text.split(","))  # noqa: E731
-    parser.add_argument("--batches", type=batches, help="batch sizes of every workload, in this order, e.g. 1,32,8")
+    ints = lambda text: tuple(int(b) for b in text.split(","))  # noqa: E731
+    parser.add_argument("--batches", type=ints, help="batch sizes of every workload, in this order, e.g. 1,32,8")
     names = lambda text: tuple(text.split(","))  # noqa: E731
-    parser.add_argument("--vocabs", type=batches, help="selection: vocabularies, e.g. 262144 (default: all)")
+    parser.add_argument("--vocabs", type=ints, help="selection: vocabularies, e.g. 262144 (default: all)")
     parser.add_argument("--dtypes", type=names, help="selection: logits dtypes, e.g. float32 (default: all)")
     parser.add_argument("--rounds", type=int, default=100, help="timed calls per draft variant (default 100)")
     parser.add_argument("--replays", type=int, default=30, help="selection: CUDA graph replays timed (default 30)")
