@@ -11,7 +11,8 @@ and with a per-row temperature tensor t (rows with "temperature": "tensor"):
 floor: the logits' bytes read once at the device-to-device copy bandwidth measured in the same run.
 
 On a GPU each call is timed captured in a CUDA graph of calls over rotating logits buffers that span 3x
-the L2 cache (_measure.time_in_graph: kernel time, no launch gaps), median, p10, p90 over the replays;
+the L2 cache (_measure.time_in_graph: kernel time, no launch gaps; draftfuse's kernels with a workspace
+made before the capture, as its recordings run them), median, p10, p90 over the replays;
 host_us_per_call is _measure.host_time of the call run eagerly, and the launch counts are of the eager
 call too. On a CPU, perf_counter around single calls, and no host time or launches. Logits: randn * 4.
 tokens_match: the indices pick the k largest logits (of x / t for the temperature rows; exact ties:

@@ -179,7 +179,10 @@ def _selection_section(rows: list[dict]) -> list[str]:
     lines = [
         f"## selection: {TITLES['selection']}",
         "",
-        "Each call captured in a CUDA graph of calls over rotating logits buffers (kernel time); floor: the "
+        "Each call captured in a CUDA graph of calls over rotating logits buffers (kernel time), draftfuse's "
+        "kernels with a workspace made before the capture, as draftfuse's recordings and CUDA graph trees run "
+        "them (a bare torch.cuda.graph capture adds a fill kernel per call; selection runs before 2026-12-02 "
+        "timed that); floor: the "
         "logits' bytes read once at the measured copy bandwidth. Target: max(1.5 × floor, 5 µs) for k = 1, "
         "max(3 × floor, 8 µs) for k > 1 (and softmax+topk / draftfuse ≥ 10 at batch ≤ 64). Tokens: the "
         "indices pick the k largest logits.",

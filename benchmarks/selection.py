@@ -1,6 +1,7 @@
 """Selection benchmark on a CUDA GPU: what picking the next tokens from logits costs.
 
-For each logits shape and k it times, each captured in a CUDA graph (kernel time, no launch overhead):
+For each logits shape and k it times, each captured in a CUDA graph (kernel time, no launch overhead; the
+draftfuse kernels with a workspace made before the capture, as draftfuse's recordings run them):
   softmax+topk   torch.topk(torch.softmax(x.float(), -1), k)     what draft loops run today
   torch          torch.argmax(x, -1) (k = 1) / torch.topk(x, k)   the selection alone, no probabilities
   torch+probs    the same plus the probabilities from logsumexp   draftfuse's pass with lowering="torch"

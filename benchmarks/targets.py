@@ -43,10 +43,13 @@ REASONS: dict[tuple[str, str | None], str] = {
         "replay path adds Dynamo's C++ guards, argument binding and the output rebuild"
     ),
     ("sel_k1", None): (
-        "the kernel's fixed cost comes on top of the bytes and is most of a 5 µs budget: at [1, 32000] an empty "
-        "launch takes 0.53 µs, a one-tile load per program 1.09 and the counter with the last program's merge "
-        "2.22; keeping each lane's state (no warp reduction per tile) took 0.84-1.03x the time at batch 8-64 "
-        "(median 0.97), two tiles ahead and programs of 2-8 warps did not help (notes/kernels.md)"
+        "the bytes and the kernel's fixed cost add up: at batch 1 it takes 2.4-3.6 µs, of which a probe kernel "
+        "doing only the launch, a one-tile load per program, the row's counter and its last program's merge "
+        "takes 2.22 at [1, 32000]. Fixed cost and floor together exceed the limit at 5 of the 8 misses (batch 8-64); "
+        "at the other 3 (batch 64-256) they come within 3-6 % of it and the kernel takes 1.4-1.7 µs more than "
+        "their sum, streaming below the copy's bandwidth. "
+        "Keeping each lane's state (no warp reduction per tile) took 0.84-1.03x the time at batch 8-64 (median "
+        "0.97), two tiles ahead and programs of 2-8 warps did not help (notes/kernels.md)"
     ),
     ("sel_k", None): (
         "latency: 2.9-4.9 µs over k = 1 at batch 1, 2.9-4.9 (k = 4) and 4.7-7.5 (k = 16) at batch 8-32; taken "
@@ -56,7 +59,7 @@ REASONS: dict[tuple[str, str | None], str] = {
         "sort round took a median 0.90x, a record as long as the chunk (121-128 registers, was 165-168) 0.95x "
         "(notes/kernels.md)"
     ),
-    ("sel_speedup", None): "the same fixed latency: at batch <= 64 softmax+topk is 56-430 µs, draftfuse 6.8-32 µs",
+    ("sel_speedup", None): "the same fixed latency: at batch <= 64 softmax+topk is 56-422 µs, draftfuse 5.3-30 µs",
     ("baseline", None): "within the run-to-run spread of the median (about 1-2 %)",
     ("tp_speedup", None): "not measured: the 2-GPU machine stopped being lent after this session's first call",
     ("tp_batch1", None): "not measured: the 2-GPU machine stopped being lent after this session's first call",

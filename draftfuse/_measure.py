@@ -29,6 +29,8 @@ from collections.abc import Callable, Hashable
 
 import torch
 
+from draftfuse.kernels import selection
+
 # CUDA graph trees run eagerly on the first call, record on the second and replay from the third.
 WARMUP_CALLS = 3
 HOST_CALLS = 20  # calls per host-time batch
@@ -96,13 +98,20 @@ def device_time_us(call: Callable[[], object], device: torch.device) -> float:
     return start.elapsed_time(end) * 1e3
 
 
-def time_in_graph(call: Callable[[torch.Tensor], object], inputs: list[torch.Tensor], replays: int) -> list[float]:
+def time_in_graph(
+    call: Callable[[torch.Tensor], object], inputs: list[torch.Tensor], replays: int, selection_workspace: bool = True
+) -> list[float]:
     """µs per call of `call` over `inputs`, all captured back to back in one CUDA graph: one sample per
-    replay (the replay's event time over len(inputs)). Kernel time, without launch gaps."""
+    replay (the replay's event time over len(inputs)). Kernel time, without launch gaps.
+
+    draftfuse's selection kernels in `call` are captured as draftfuse's recorder captures them: with a
+    workspace made before the capture (`selection_workspace=False`: as a bare `torch.cuda.graph` capture
+    does, each launch then filling a workspace of its own, one more kernel per call)."""
     call(inputs[0])  # compiles kernels, warms the allocator: neither may happen inside the capture
+    workspace = selection.graph_workspace(inputs[0].device) if selection_workspace else None
     torch.cuda.synchronize()
     graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
+    with selection.capturing_with(workspace), torch.cuda.graph(graph):
         for x in inputs:
             call(x)
     graph.replay()

@@ -15,7 +15,8 @@ a CUDA graph (inputs rotated over 3x the L2), 6 rounds of 10 replays, the order 
 `--counts`: each row's appended candidates instead (the full kernel writing the count over the row's first
 probability). `--k16`: k = 16 only, full against no-atomic (pass 2 as it is but with no atomic add to
 reserve the candidates' places: they overwrite each other, and the last program ranks none) and no-hits
-(built after the first run; not run yet). Usage (GPU):
+(`notes/k_breakdown_k16_h200.json`). Every run timed a bare torch.cuda.graph capture, one workspace fill
+kernel per call in each variant alike (notes/fill_probe.py): the differences stand. Usage (GPU):
 
     python notes/k_breakdown_probe.py [--out probe.json] [--budget-s 120] [--counts | --k16]
 """

@@ -26,9 +26,10 @@ replays, the order rotating between rounds; softmax + topk timed beside them for
 run (notes/merge_probe_h200.json) had sort, rank and rank+load; the second (notes/merge_probe2_h200.json)
 rank+load and first; the third (notes/merge_probe3_h200.json) first and record. Usage (GPU):
 
-    python notes/merge_probe.py [--out probe.json] [--budget-s 300] [--variants NAME ...] [--batches B ...]
+    python notes/merge_probe.py [--out probe.json] [--budget-s 300] [--variants NAME ...] [--batches B ...] [--quick]
 
-(The checks run first, one process per variant at once: most of their time is Triton compiling.)
+(The checks run first, one process per variant at once: most of their time is Triton compiling, over 400 s
+for three variants on a machine with a cold Triton cache. `--quick` checks only the timed points.)
 """
 
 import argparse
@@ -71,10 +72,17 @@ def load_variant(name: str, sources: tuple[str, str], where: Path):
 
 
 def launcher(module, k, scale=None, log=False, **tile):
+    """A call of the variant's launcher; its launches use a workspace of their own made at the first (eager)
+    call, as draftfuse's recorder gives its graphs (a graph captured without one fills a workspace per
+    launch: notes/fill_probe.py), where the variant's launcher takes one."""
+    held = {}
+
     def call(x):
         prob = torch.empty(x.shape[0], k, device=x.device)
         index = torch.empty(x.shape[0], k, device=x.device, dtype=torch.int64)
-        module.launch_selection(x, k, log, prob, index, scale, **tile)
+        if "workspace" not in held and "workspace" not in tile and hasattr(module, "graph_workspace"):
+            held["workspace"] = module.graph_workspace(x.device)
+        module.launch_selection(x, k, log, prob, index, scale, **held, **tile)
         return prob, index
 
     return call
@@ -121,6 +129,22 @@ def check(variants: dict) -> list[str]:
     return failures
 
 
+def check_timed(variants: dict, batches: list[int]) -> list[str]:
+    """--quick: only the timed points (random rows, unscaled), one launch each: a sanity check that also
+    compiles what the timing launches, in the check's own process."""
+    failures = []
+    for name, module in variants.items():
+        for batch in batches:
+            for dtype in (torch.bfloat16, torch.float32):
+                for vocab in (32000, 128256, 151936, 262144):
+                    x = (torch.randn(batch, vocab, device="cuda") * 4).to(dtype)
+                    for k in (4, 8, 16):
+                        prob, index = launcher(module, k)(x)
+                        if problem := check_selection(x, k, False, prob, index, None):
+                            failures.append(f"{name} timed {batch}x{vocab} {dtype} k={k}: {problem}")
+    return failures
+
+
 def registers(variants: dict) -> dict:
     out = {}
     for name, module in variants.items():
@@ -140,6 +164,7 @@ def main() -> None:
     parser.add_argument("--variants", nargs="+", default=["first", "record"])
     parser.add_argument("--batches", nargs="+", type=int, default=[1, 8, 32, 64, 256])
     parser.add_argument("--check", help=argparse.SUPPRESS)
+    parser.add_argument("--quick", action="store_true", help="check only the timed points (no special rows, scales or tilings)")
     parser.add_argument("--wait-for", help="a file to wait for before timing (other GPU work of the same call ends)")
     args = parser.parse_args()
     device = torch.device("cuda")
@@ -167,10 +192,12 @@ def main() -> None:
     where = Path(tempfile.mkdtemp(prefix="merge_probe_"))
     sys.path.insert(0, str(where))
     if args.check:  # one variant's checks (compiling its kernels into Triton's cache), in a process of its own
-        print(json.dumps(check({args.check: load_variant(args.check, sources[args.check], where)})))
+        variant = {args.check: load_variant(args.check, sources[args.check], where)}
+        print(json.dumps(check_timed(variant, args.batches) if args.quick else check(variant)))
         return
     # the variants' checks at once, one process each: most of their time is Triton compiling
-    checks = [subprocess.Popen([sys.executable, __file__, "--check", name, "--variants", *args.variants], stdout=subprocess.PIPE, text=True)
+    quick = ["--quick", "--batches", *map(str, args.batches)] if args.quick else []
+    checks = [subprocess.Popen([sys.executable, __file__, "--check", name, "--variants", *args.variants, *quick], stdout=subprocess.PIPE, text=True)
               for name in sources]
     failures = [f for p in checks for f in json.loads(p.communicate()[0].splitlines()[-1])]
     variants = {name: load_variant(name, source, where) for name, source in sources.items()}

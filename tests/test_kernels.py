@@ -464,11 +464,45 @@ def test_cuda_other_tilings(tile):
 
 def fill_kernels_in(graph: torch.cuda.CUDAGraph) -> int:
     """How many fill kernels one replay of `graph` runs (a torch.profiler trace)."""
+    return fill_kernels_of(graph.replay)
+
+
+def fill_kernels_of(work) -> int:
+    """How many fill kernels `work()` runs on the device (a torch.profiler trace)."""
     torch.cuda.synchronize()
     with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
-        graph.replay()
+        work()
         torch.cuda.synchronize()
     return sum("FillFunctor" in e.name for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA)
+
+
+def test_graph_workspace_off_the_kernels():
+    """The public pair for captures of one's own: where the kernels don't run there is no workspace, and
+    capturing with None changes nothing."""
+    import draftfuse.kernels
+
+    assert draftfuse.kernels.graph_workspace(torch.device("cpu")) is None
+    x = torch.randn(3, 50)
+    with draftfuse.kernels.capturing_with(None):
+        prob, index = torch.ops.draftfuse.topk_prob(x, 4)
+    assert torch.equal(index, torch.topk(x, 4).indices)
+
+
+@pytest.mark.cuda
+def test_cuda_time_in_graph_captures_as_the_recorder():
+    """The benchmark's and the probes' timing (_measure.time_in_graph) captures the selection kernels with
+    a workspace made before the capture, as draftfuse's recorder does: the graph fills nothing. Captured
+    bare (selection_workspace=False), every call in it fills a workspace of its own on every replay."""
+    from draftfuse import _measure
+
+    inputs = [torch.randn(8, 32000, device="cuda") for _ in range(4)]
+    call = lambda x: torch.ops.draftfuse.topk_prob(x, 4)  # noqa: E731
+    call(inputs[0])  # compiled, and the current stream's workspace made
+    # 4 calls a graph, replayed once after the capture and 3 times timed: 16 fills captured bare; the
+    # recorder's way, one, the workspace's own when made. (Both traces hold the same two fills more on the
+    # H200, outside the graphs: [3, 18].)
+    fills = [fill_kernels_of(lambda: _measure.time_in_graph(call, inputs, 3, selection_workspace=ws)) for ws in (True, False)]
+    assert fills[1] - fills[0] == 16 - 1, fills
 
 
 @pytest.mark.cuda

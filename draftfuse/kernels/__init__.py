@@ -4,6 +4,8 @@ on import, with Triton implementations on CUDA and torch references elsewhere.""
 from draftfuse.kernels.selection import (
     argmax_prob,
     argmax_prob_reference,
+    capturing_with,
+    graph_workspace,
     selection_kernels_available,
     topk_prob,
     topk_prob_reference,
@@ -12,6 +14,8 @@ from draftfuse.kernels.selection import (
 __all__ = [
     "argmax_prob",
     "argmax_prob_reference",
+    "capturing_with",
+    "graph_workspace",
     "selection_kernels_available",
     "topk_prob",
     "topk_prob_reference",

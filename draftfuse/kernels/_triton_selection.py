@@ -37,8 +37,8 @@ one per lane: their keys are distinct, so each one's rank among them (32 x 32 co
 the output, written at once, and no floor is computed. With more, it drops those under the final floor
 first and ranks them so if each lane then holds at most one; otherwise (a lane holding two, or the room
 run out) it merges them by rounds, the [k, splits] area too when the room ran out.
-Measured on an H200 (notes/kernels.md, wave 2): k = 4 and k = 16 at batch 1 take 6.6-10.4 us, where
-the k = 1 kernel takes 3.8-5.5: the floor's read, the candidates' atomic and their ranking more.
+Measured on an H200 (benchmarks/results): k = 4 and k = 16 at batch 1 take 5.4-8.4 us, where the
+k = 1 kernel takes 2.4-3.6: pass 2's hits, the floor's read and the candidates' ranking more.
 
 The counter and slots live in a per-stream workspace (`_workspace`) that every launch leaves as it
 found it (all INT32_MIN), so a call needs no fill kernel; it is created outside CUDA-graph capture
