@@ -1,0 +1,79 @@
+"""Host time of one eager selection call (no CUDA graph), and where it goes.
+
+The benchmark's selection rows show draftfuse's ops at 100-230 µs of host time per eager call on the H200
+host, where torch.argmax takes 9-17. This times, with the GPU kept busy (_measure.host_time), each layer
+of an eager topk_prob / argmax_prob call at [8, 128256] bf16, the layers taking turns:
+  op                 torch.ops.draftfuse.topk_prob(x, 4) (custom-op dispatch, checks, allocation, launch)
+  launcher           _triton_launch.launch_selection with outputs made beforehand (plan, scratch, launch)
+  triton launch      the JIT function's launch alone, with every argument made beforehand
+  torch.topk         for scale
+then a cProfile of 2000 op calls (the 15 costliest functions by own time). Usage (GPU):
+
+    python notes/eager_host_probe.py [--out probe.json]
+"""
+
+import argparse
+import cProfile
+import io
+import json
+import pstats
+import sys
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+
+import torch  # noqa: E402
+
+import draftfuse.kernels  # noqa: E402, F401
+from draftfuse import _measure  # noqa: E402
+from draftfuse.kernels import _triton_launch as launch  # noqa: E402
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--out")
+    args = parser.parse_args()
+    device = torch.device("cuda")
+    x = torch.randn(8, 128256, device=device).to(torch.bfloat16)
+    k = 4
+    prob = torch.empty(8, k, device=device)
+    index = torch.empty(8, k, device=device, dtype=torch.int64)
+    splits, chunk, block = launch.plan(8, 128256, k, device, programs_per_sm=launch.default_programs_per_sm(2, k, False))
+    part = torch.empty((8, 2, splits), dtype=torch.float32, device=device)
+    keys = torch.empty((8, launch._CANDIDATES + k * splits), dtype=torch.int64, device=device)
+    ws = launch._workspace(device, 8)
+    record = max(32, 1 << (chunk // block - 1).bit_length())
+    kernel_args = (x, x.stride(0), 128256, chunk, splits, part, 0, part, keys, ws, prob, index, 0)
+    meta = dict(K=k, CAND=launch._CANDIDATES, SORT=True, RECORD=record, BLOCK=block, V=8, HAS_SCALE=False, GPU=True,
+                PDL=True, MERGE=128, num_warps=1, enable_fp_fusion=False, launch_pdl=True)
+    calls = {
+        "op topk_prob": lambda: torch.ops.draftfuse.topk_prob(x, k),
+        "op argmax_prob": lambda: torch.ops.draftfuse.argmax_prob(x),
+        "launcher": lambda: launch.launch_selection(x, k, False, prob, index),
+        "triton launch": lambda: launch._selection_kernel[(8, splits)](*kernel_args, **meta),
+        "torch.topk": lambda: torch.topk(x, k),
+        "torch.empty x2": lambda: (torch.empty(8, k, device=device), torch.empty(8, k, device=device)),
+    }
+    for call in calls.values():
+        call()
+    torch.cuda.synchronize()
+    times = _measure.host_times(calls, device, batches=7)
+    out = {name: t.us_per_call for name, t in times.items()}
+    for name, us in out.items():
+        print(f"{name:16} {us:8.1f} µs" if us is not None else f"{name:16} -", flush=True)
+    profile = cProfile.Profile()
+    profile.enable()
+    for _ in range(2000):
+        torch.ops.draftfuse.topk_prob(x, k)
+    profile.disable()
+    torch.cuda.synchronize()
+    text = io.StringIO()
+    pstats.Stats(profile, stream=text).sort_stats("tottime").print_stats(15)
+    print(text.getvalue())
+    if args.out:
+        Path(args.out).write_text(json.dumps({"host_us": out, "profile": text.getvalue()}, indent=1))
+
+
+if __name__ == "__main__":
+    main()
