@@ -21,6 +21,7 @@ import importlib.util
 import os
 import subprocess
 import sys
+import warnings
 
 import pytest
 import torch
@@ -486,6 +487,24 @@ def test_graph_workspace_off_the_kernels():
     with draftfuse.kernels.capturing_with(None):
         prob, index = torch.ops.draftfuse.topk_prob(x, 4)
     assert torch.equal(index, torch.topk(x, 4).indices)
+
+
+def test_a_capture_without_a_workspace_warns_once(monkeypatch):
+    """A launch captured on a stream with no workspace for it fills one per call in the graph: a UserWarning
+    (once per process) names the cost and the fix. The CUDA calls are stood in for: the logic only."""
+    kernels = _selection._triton_selection()
+    if kernels is None:
+        pytest.skip("no Triton")
+    cuda = torch.device("cuda", 0)
+    monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", lambda: True)
+    monkeypatch.setattr(torch.cuda, "current_stream", lambda device=None: type("S", (), {"cuda_stream": 12345})())
+    monkeypatch.setattr(kernels, "_fresh_workspace", lambda rows, device: torch.full((rows, 64), -(2**31), dtype=torch.int32))
+    monkeypatch.setattr(kernels, "_warned_fill", False)
+    with pytest.warns(UserWarning, match=r"\(8 rows\).*fills one.*capturing_with\(workspace\)"):
+        assert kernels._workspace(cuda, 8).shape[0] == 8
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert kernels._workspace(cuda, 8).shape[0] == 8  # once is enough
 
 
 @pytest.mark.cuda
