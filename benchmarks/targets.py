@@ -46,7 +46,7 @@ REASONS: dict[tuple[str, str | None], str] = {
         "the bytes and the kernel's fixed cost add up: at batch 1 it takes 2.4-3.6 µs, of which a probe kernel "
         "doing only the launch, a one-tile load per program, the row's counter and its last program's merge "
         "takes 2.22 at [1, 32000]. Fixed cost and floor together exceed the limit at 5 of the 8 misses (batch 8-64); "
-        "at the other 3 (batch 64-256) they come within 3-6 % of it and the kernel takes 1.4-1.7 µs more than "
+        "at the other 3 (batch 64-256) they come within 3-8 % of it and the kernel takes 1.4-1.7 µs more than "
         "their sum, streaming below the copy's bandwidth. "
         "Keeping each lane's state (no warp reduction per tile) took 0.84-1.03x the time at batch 8-64 (median "
         "0.97), two tiles ahead and programs of 2-8 warps did not help (notes/kernels.md)"

@@ -74,8 +74,8 @@ def graph_workspace(device: torch.device) -> Any:
     """A workspace for the selection kernels of CUDA graphs to be captured on `device` (made now, outside
     any capture; room for 4096 rows), or None where the kernels don't run there. Capture inside
     `capturing_with(it)`: each selection call in the graph then runs one kernel, where a bare
-    torch.cuda.graph capture adds a fill kernel per call (and warns once). Every launch leaves it as found, so graphs may share it, but two graphs holding one
-    workspace must not be replayed at the same time (on two streams)."""
+    torch.cuda.graph capture adds a fill kernel per call (and warns once). Every launch leaves it as
+    found, so graphs may share it, but two graphs holding one must not be replayed at the same time."""
     launch = _triton_selection()
     return launch.graph_workspace(device) if launch is not None and device.type == "cuda" else None
 
