@@ -52,7 +52,7 @@ REASONS: dict[tuple[str, str | None], str] = {
         "0.97), two tiles ahead and programs of 2-8 warps did not help (notes/kernels.md)"
     ),
     ("sel_k", None): (
-        "latency: 2.9-4.9 µs over k = 1 at batch 1, 2.9-4.9 (k = 4) and 4.7-7.5 (k = 16) at batch 8-32; taken "
+        "latency: 2.9-4.8 µs over k = 1 at batch 1, 2.9-5.0 (k = 4) and 4.7-7.6 (k = 16) at batch 8-32; taken "
         "apart on the H200: pass 2's hit tiles (re-read, the candidates' atomic add and stores, the last "
         "program's rank) 1.2-1.8 µs at k = 4 and 1.5-5.4 at k = 16, the floor's read 0.1-1.0, publishing to "
         "the slots 0-1.0, the rest (128 chunks a row, the tile-wise pass 1) 1.2-2.0; ranking in place of a "

@@ -1,7 +1,7 @@
 """Host time of one eager selection call (no CUDA graph), and where it goes.
 
-The benchmark's selection rows show draftfuse's ops at 100-230 µs of host time per eager call on the H200
-host, where torch.argmax takes 9-17. This times, with the GPU kept busy (_measure.host_time), each layer
+The benchmark's selection rows show draftfuse's ops at 104-305 µs of host time per eager call on the H200
+host (median 140), where torch.argmax takes 8-19. This times, with the GPU kept busy (_measure.host_time), each layer
 of an eager topk_prob / argmax_prob call at [8, 128256] bf16, the layers taking turns:
   op                 torch.ops.draftfuse.topk_prob(x, 4) (custom-op dispatch, checks, allocation, launch)
   launcher           _triton_launch.launch_selection with outputs made beforehand (plan, scratch, launch)

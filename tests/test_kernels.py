@@ -492,19 +492,26 @@ def test_graph_workspace_off_the_kernels():
 def test_a_capture_without_a_workspace_warns_once(monkeypatch):
     """A launch captured on a stream with no workspace for it fills one per call in the graph: a UserWarning
     (once per process) names the cost and the fix. The CUDA calls are stood in for: the logic only."""
+    import types
+
     kernels = _selection._triton_selection()
     if kernels is None:
         pytest.skip("no Triton")
     cuda = torch.device("cuda", 0)
     monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", lambda: True)
-    monkeypatch.setattr(torch.cuda, "current_stream", lambda device=None: type("S", (), {"cuda_stream": 12345})())
+    monkeypatch.setattr(torch.cuda, "current_stream", lambda device=None: types.SimpleNamespace(cuda_stream=12345))
     monkeypatch.setattr(kernels, "_fresh_workspace", lambda rows, device: torch.full((rows, 64), -(2**31), dtype=torch.int32))
     monkeypatch.setattr(kernels, "_warned_fill", False)
-    with pytest.warns(UserWarning, match=r"\(8 rows\).*fills one.*capturing_with\(workspace\)"):
+    with pytest.warns(UserWarning, match=r"for 8 rows .* has no workspace: .* fill kernel .*graph_workspace\(device, rows\)") as seen:
         assert kernels._workspace(cuda, 8).shape[0] == 8
+    assert seen[0].filename == __file__  # the caller's line, not draftfuse's
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         assert kernels._workspace(cuda, 8).shape[0] == 8  # once is enough
+    monkeypatch.setattr(kernels, "_warned_fill", False)
+    small = types.SimpleNamespace(device=cuda, shape=(4, 64))  # given, but too small for 8 rows
+    with kernels.capturing_with(small), pytest.warns(UserWarning, match=r"given to capturing_with has room for 4 rows"):
+        assert kernels._workspace(cuda, 8).shape[0] == 8
 
 
 @pytest.mark.cuda

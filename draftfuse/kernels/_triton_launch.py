@@ -5,6 +5,8 @@ and the launch.
 
 import contextlib
 import functools
+import os
+import sys
 import threading
 import warnings
 
@@ -54,7 +56,7 @@ def _workspace(device: torch.device, rows: int) -> torch.Tensor:
     if ws is not None and ws.shape[0] >= rows:
         return ws
     if device.type == "cuda" and torch.cuda.is_current_stream_capturing():
-        _warn_fill_in_graph(rows)
+        _warn_fill_in_graph(rows, held.shape[0] if held is not None and held.device == device else None)
         return _fresh_workspace(rows, device)
     capacity = max(rows, 256, 2 * ws.shape[0] if ws is not None else 0)
     new = _allocate_outside_pools(capacity, device) if device.type == "cuda" else _fresh_workspace(capacity, device)
@@ -65,21 +67,26 @@ def _workspace(device: torch.device, rows: int) -> torch.Tensor:
 
 
 _warned_fill = False
+_OUR_FILES = tuple(os.path.dirname(f) + os.sep for f in (torch.__file__, triton.__file__, os.path.dirname(__file__)))
 
 
-def _warn_fill_in_graph(rows: int) -> None:
-    """Once per process: a launch captured with no workspace for it, so the graph fills one per call."""
+def _warn_fill_in_graph(rows: int, given: int | None) -> None:
+    """Once per process: a launch captured with no workspace for it, so the graph fills one per call.
+    `given`: the rows of the workspace capturing_with gave, when it was too small."""
     global _warned_fill
-    if not _warned_fill:
-        _warned_fill = True
-        warnings.warn(
-            f"draftfuse: a selection kernel ({rows} rows) is being captured in a CUDA graph on a stream with no "
-            "workspace with room for it, so each of its calls in the graph first fills one: one more kernel per "
-            "call (1-2.5 µs on an H200). Capture inside draftfuse.kernels.capturing_with(workspace), with "
-            f"workspace = draftfuse.kernels.graph_workspace(device) made before the capture (room for "
-            f"{_GRAPH_ROWS} rows), to avoid it.",
-            stacklevel=2,
-        )
+    if _warned_fill:
+        return
+    where = (f"the workspace given to capturing_with has room for {given} rows" if given is not None else
+             "the stream it is captured on has no workspace")
+    level, frame = 2, sys._getframe(1)  # point at the first frame outside draftfuse, torch and Triton
+    while frame is not None and frame.f_code.co_filename.startswith(_OUR_FILES):
+        level, frame = level + 1, frame.f_back
+    warnings.warn(
+        f"draftfuse: a selection kernel for {rows} rows is being captured in a CUDA graph, and {where}: each "
+        "replay runs a fill kernel before each such call (up to 2.5 µs more per call on an H200). To avoid "
+        "it, capture inside draftfuse.kernels.capturing_with(draftfuse.kernels.graph_workspace(device, rows)), "
+        "the workspace made before the capture.", stacklevel=level)
+    _warned_fill = True
 
 
 def graph_workspace(device: torch.device, rows: int = _GRAPH_ROWS) -> torch.Tensor:

@@ -70,14 +70,17 @@ def selection_kernels_available(
     )
 
 
-def graph_workspace(device: torch.device) -> Any:
+def graph_workspace(device: torch.device | str, rows: int | None = None) -> Any:
     """A workspace for the selection kernels of CUDA graphs to be captured on `device` (made now, outside
-    any capture; room for 4096 rows), or None where the kernels don't run there. Capture inside
-    `capturing_with(it)`: each selection call in the graph then runs one kernel, where a bare
-    torch.cuda.graph capture adds a fill kernel per call (and warns once). Every launch leaves it as
-    found, so graphs may share it, but two graphs holding one must not be replayed at the same time."""
-    launch = _triton_selection()
-    return launch.graph_workspace(device) if launch is not None and device.type == "cuda" else None
+    any capture), with room for launches of up to `rows` rows (default 4096), or None where the kernels
+    don't run there. Capture inside `capturing_with(it)`: each selection call in the graph then runs one
+    kernel, where a bare torch.cuda.graph capture adds a fill kernel per call (and warns once). Every
+    launch leaves it as found, so graphs may share it, but two graphs holding one must not be replayed at
+    the same time."""
+    launch, device = _triton_selection(), torch.device(device)
+    if launch is None or device.type != "cuda":
+        return None
+    return launch.graph_workspace(device) if rows is None else launch.graph_workspace(device, rows)
 
 
 def capturing_with(workspace: Any) -> contextlib.AbstractContextManager:
