@@ -24,6 +24,7 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 import torch  # noqa: E402
+import triton  # noqa: E402
 
 import draftfuse.kernels  # noqa: E402, F401
 from draftfuse import _measure  # noqa: E402
@@ -43,7 +44,7 @@ def main() -> None:
     part = torch.empty((8, 2, splits), dtype=torch.float32, device=device)
     keys = torch.empty((8, launch._CANDIDATES + k * splits), dtype=torch.int64, device=device)
     ws = launch._workspace(device, 8)
-    record = max(32, 1 << (chunk // block - 1).bit_length())
+    record = max(32, triton.next_power_of_2(chunk // block))  # as launch_selection picks it
     kernel_args = (x, x.stride(0), 128256, chunk, splits, part, 0, part, keys, ws, prob, index, 0)
     meta = dict(K=k, CAND=launch._CANDIDATES, SORT=True, RECORD=record, BLOCK=block, V=8, HAS_SCALE=False, GPU=True,
                 PDL=True, MERGE=128, num_warps=1, enable_fp_fusion=False, launch_pdl=True)

@@ -28,13 +28,9 @@ sys.path.insert(0, str(REPO))
 import torch  # noqa: E402
 
 import draftfuse.kernels.selection  # noqa: E402  (registers torch.ops.draftfuse.*)
+from benchmarks.selection import selection_call  # noqa: E402
 from draftfuse import _measure  # noqa: E402
-
-
-def op(k: int):
-    if k == 1:
-        return lambda x: torch.ops.draftfuse.argmax_prob(x, False, None)
-    return lambda x: torch.ops.draftfuse.topk_prob(x, k, False, None)
+from tests.test_kernels import fill_kernels_of  # noqa: E402
 
 
 def main() -> None:
@@ -53,7 +49,8 @@ def main() -> None:
                 samples = {"workspace": [], "bare": []}
                 for round_ in range(6):
                     for name in (("workspace", "bare") if round_ % 2 == 0 else ("bare", "workspace")):
-                        samples[name] += _measure.time_in_graph(op(k), inputs, 10, selection_workspace=name == "workspace")
+                        samples[name] += _measure.time_in_graph(selection_call("draftfuse", k), inputs, 10,
+                                                                selection_workspace=name == "workspace")
                 us = {name: _measure.summary(s)["median_us"] for name, s in samples.items()}
                 rows.append({"dtype": str(dtype).split(".")[1], "vocab": vocab, "batch": batch, "k": k, **us})
                 print(f"{rows[-1]['dtype']:8} {vocab:6} b{batch:<3} k={k:2}: bare {us['bare']:6.2f}  workspace "
@@ -86,11 +83,7 @@ def fill_kernels(how: str) -> int:
             four(x)
         replay = graph.replay
     replay()
-    torch.cuda.synchronize()
-    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
-        replay()
-        torch.cuda.synchronize()
-    return sum(e.count for e in prof.key_averages() if "fill" in e.key.lower())
+    return fill_kernels_of(replay)
 
 
 if __name__ == "__main__":

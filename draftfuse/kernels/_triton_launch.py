@@ -89,11 +89,11 @@ def _warn_fill_in_graph(rows: int, given: int | None) -> None:
     _warned_fill = True
 
 
-def graph_workspace(device: torch.device, rows: int = _GRAPH_ROWS) -> torch.Tensor:
-    """A workspace for the launches of CUDA graphs still to be captured (`capturing_with`): made and filled
-    now, outside any capture and its memory pool; the launches leave it as they find it, so no replay
-    fills it again."""
-    return _allocate_outside_pools(rows, device)
+def graph_workspace(device: torch.device, rows: int | None = None) -> torch.Tensor:
+    """A workspace for the launches of CUDA graphs still to be captured (`capturing_with`), with room for
+    `rows` (default _GRAPH_ROWS): made and filled now, outside any capture and its memory pool; the
+    launches leave it as they find it, so no replay fills it again."""
+    return _allocate_outside_pools(rows or _GRAPH_ROWS, device)
 
 
 @contextlib.contextmanager

@@ -78,9 +78,7 @@ def graph_workspace(device: torch.device | str, rows: int | None = None) -> Any:
     launch leaves it as found, so graphs may share it, but two graphs holding one must not be replayed at
     the same time."""
     launch, device = _triton_selection(), torch.device(device)
-    if launch is None or device.type != "cuda":
-        return None
-    return launch.graph_workspace(device) if rows is None else launch.graph_workspace(device, rows)
+    return launch.graph_workspace(device, rows) if launch is not None and device.type == "cuda" else None
 
 
 def capturing_with(workspace: Any) -> contextlib.AbstractContextManager:
