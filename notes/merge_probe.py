@@ -12,11 +12,13 @@ Variants, each a copy of draftfuse/kernels/_triton_{selection,launch}.py loaded 
               their own lanes' maxima)
   first       the kernel at 9c8c0be: as rank+load, and with at most 32 candidates appended the last program
               ranks them all, computing no floor
-  record      the working tree's (landed as c029730): as first, a program's record of tile maxima
-              as long as its tiles (at least 32) instead of 256, and whole tiles re-read unmasked
-  sector      as record, the row's candidate count in workspace column 16 (a 32-byte sector of its own)
+  record      the kernel at c029730 (landed): as first, a program's record of tile maxima as long as its
+              tiles (at least 32) instead of 256, and whole tiles re-read unmasked
+  pairs       the working tree's: as record, and with more than 32 appended the last program ranks the
+              candidates left over the final floor when each lane holds at most two (no merge round)
+  sector      as the working tree's kernel, the row's candidate count in workspace column 16 (a 32-byte sector of its own)
               instead of column 1, beside the arrival counter that every program's release hits
-  split256    as record, k > 1 aiming at up to 256 chunks a row instead of 128 (as k = 1 does; measured no
+  split256    as the working tree's kernel, k > 1 aiming at up to 256 chunks a row instead of 128 (as k = 1 does; measured no
               faster when the kernel took 165 registers, not since it takes 121-128)
 
 First every variant is checked against the reference (special rows of several vocabularies, forced splits,
@@ -185,7 +187,7 @@ def main() -> None:
 
     here = tuple((KERNELS / f"_triton_{name}.py").read_text() for name in ("selection", "launch"))
     every = {"sort": lambda: pair("5b6d1e4"), "rank": lambda: pair("6c1a404", lambda s: s.replace(LOAD_READ, ATOMIC_READ)),
-             "rank+load": lambda: pair("6c1a404"), "first": lambda: pair("9c8c0be"), "record": lambda: here,
+             "rank+load": lambda: pair("6c1a404"), "first": lambda: pair("9c8c0be"), "record": lambda: pair("c029730"), "pairs": lambda: here,
              "sector": lambda: (moved(here[0], *COUNT_AT, count=2), here[1]),
              "split256": lambda: (moved(here[0], "_TOPK_SPLITS = 128", "_TOPK_SPLITS = 256", count=1), here[1])}
     sources = {name: every[name]() for name in args.variants}

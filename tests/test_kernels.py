@@ -116,12 +116,31 @@ def _interpreter_cases(dtype: torch.dtype) -> list[tuple]:
             ("random-b1-v40000-k1-0d-scale", randn(1, 40000), 1, False, None, torch.tensor(-0.7)),
             # 79 tiles in one chunk, most of the top k past tile 32 (its record of tile maxima must reach them)
             ("random-b1-v40000-k4-one-split", randn(1, 40000), 4, False, 1, None),
+            # 46 candidates at or above the floor, the top 16 both of some lanes' two: ranked 64 at once
+            ("three-a-lane-v512-k16-one-split", three_a_lane(), 16, False, 1, None),
         ]
     return [  # float16
         ("special-v7-k4-scaled-log", special_rows(7, dtype), 4, True, None, special_scales(10)),
         ("special-v1000-k2-one-split", special_rows(1000, dtype), 2, False, 1, None),
         ("random-b2-v5000-k16-scaled", randn(2, 5000), 16, False, None, torch.tensor([2.0, 0.0])),
     ]
+
+
+def three_a_lane() -> torch.Tensor:
+    """[1, 512] float32, one tile (lane L holds elements 4L .. 4L + 3 and 128 + 4L .. of each 128): lanes
+    0-15 at -8, lane 16 at 10 (k = 16's floor: the 16th largest lane max) then 0, 0; lanes 17-31 three
+    values each above 10. 46 reach the floor, appended in lane order at places 0-45, so the last program's
+    lanes 0-13 hold two (places p and p + 32). The top 16: places 33-40 (their lanes' best), place 1 (lane
+    1's second), places 14-20 (alone in their lanes): a rank that leaves out the other kind of candidate
+    moves some of them, and leaves a place of the output unwritten or written twice."""
+    x = torch.full((1, 512), -8.0)
+    x[0, 64:67] = torch.tensor([10.0, 0.0, 0.0])
+    value = {**{p: 50.0 + p for p in range(33, 41)}, 1: 51.0, **{p: 26.0 + p for p in range(14, 21)}}
+    for lane in range(17, 32):
+        for i in range(3):
+            place = 1 + 3 * (lane - 17) + i
+            x[0, 4 * lane + i] = value.get(place, 10.0 + place / 64)
+    return x
 
 
 def _random_hazard_cases(seed: int, count: int) -> list[tuple]:

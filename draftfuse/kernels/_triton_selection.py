@@ -35,21 +35,15 @@ slots. For k > 1 it loads the candidates before their count is known (one per la
 at most 32). With at most 32 appended they hold every element at or above the final floor, at least k,
 one per lane: their keys are distinct, so each one's rank among them (32 x 32 compares) is its place in
 the output, written at once, and no floor is computed. With more, it drops those under the final floor
-first and ranks them so if each lane then holds at most one; otherwise (a lane holding two, or the room
-run out) it merges them by rounds, the [k, splits] area too when the room ran out.
+first and ranks them so if each lane then holds at most two (its best and second, each ranked among
+both); otherwise (a lane holding three, or the room run out) it merges them by rounds, the [k, splits]
+area too when the room ran out.
 Measured on an H200 (benchmarks/results): k = 4 and k = 16 at batch 1 take 5.4-8.4 us, where the
 k = 1 kernel takes 2.4-3.6: pass 2's hits, the floor's read and the candidates' ranking more.
 
-The counter and slots live in a per-stream workspace (`_workspace`) that every launch leaves as it
-found it (all INT32_MIN), so a call needs no fill kernel; it is created outside CUDA-graph capture
-(the first call on a device, by a helper thread, so that it never lands in a CUDA-graph tree's memory
-pool) and a call captured before it exists, or with more rows, fills a per-call copy instead (one
-more kernel). Two launches of either kernel must not run at once on two streams of one device (they
-would share counters).
-
-Layout: a tile is a [32, J, V] tensor, lane axis first: Triton 3.6 gives its 32 threads to the first
-of the strided axes, so each thread holds one lane's elements and per-lane reductions need no
-shuffles (with the lane axis second it split the threads 4 x 8 and every merge round tripled).
+The counter and slots live in a per-stream workspace (_triton_launch.py) that every launch leaves as
+it found it (all INT32_MIN), so a call needs no fill kernel; a call captured on a stream that has none
+fills a per-call copy (one more kernel). Two launches must not run at once on two streams sharing one.
 
 Packed keys: an int64 holding the order key of u (an int32 whose signed order is torch's order of
 floats: NaN above +inf, -0.0 == +0.0) in the high word and 2**31 - 1 - index in the low word, so
@@ -79,11 +73,9 @@ _CANDIDATES = 256  # k > 1: a row's room for candidates (a power of two >= 32)
 
 # 512 elements per tile (16 per lane, as 16-byte vectors; the next tile's loads issued before this
 # tile's math) for every dtype, and one-warp programs aimed for per SM by (element size, k == 1,
-# scaled): the tiling and grids the second GPU call measured fastest (notes/kernels.md, wave 2).
-# 1024-element tiles were within 5% for bf16 k = 1 unscaled and 7-27% slower for k > 1.
+# scaled): the tiling and grids measured fastest (notes/kernels.md, wave 2; 1024-element tiles were
+# within 5% for bf16 k = 1 unscaled, 7-27% slower for k > 1; float32 k = 4 scaled ran at 21 per SM).
 _BLOCK = 512
-# The float32 k = 1 values (21, 16 scaled) are the grids call 2 ran once its occupancy cap had acted
-# (see notes); its one grid not reproduced here is float32 k = 4 scaled, run there at 21 per SM.
 _PROGRAMS_PER_SM = {
     (2, True, False): 24, (2, True, True): 24, (2, False, False): 16, (2, False, True): 16,
     (4, True, False): 21, (4, True, True): 16, (4, False, False): 16, (4, False, True): 16,
@@ -463,13 +455,18 @@ def _merge_row(
             floor = _kth_largest(slot_keys, K)
             cand = _above(keys, valid, floor, s, s_sign, HAS_SCALE)
         lane_best = _lane_max(cand)
-        alone = tl.max(tl.sum(tl.sum((cand != _EMPTY).to(tl.int32), 2), 1), 0) <= 1
-        if alone & (appended <= CAND):
-            # the usual case: every candidate alone in its lane; the keys are distinct and hold the top K,
-            # so each one's rank among them is its place in the output: no merge round
-            rank = tl.sum(((lane_best[None, :] > lane_best[:, None]) & (lane_best != _EMPTY)[None, :]).to(tl.int32), 1)
-            _write_top(lane_best, rank, (lane_best != _EMPTY) & (rank < K), row64, s, s_sign, row_max, row_sum, log_sum,
+        most = tl.max(tl.sum(tl.sum((cand != _EMPTY).to(tl.int32), 2), 1), 0)  # candidates in a lane, at most
+        # the usual cases (distinct keys holding the top K: each one's rank among them is its place): each
+        # alone in its lane, or (over 32 appended) two in some lane, at places i and i + 32
+        if (most <= 1) & (appended <= CAND):
+            _write_top(lane_best, _count_above(lane_best, lane_best), row64, s, s_sign, row_max, row_sum, log_sum,
                        finite, prob_ptr, index_ptr, log, K, HAS_SCALE)
+        elif (most <= 2) & (appended <= CAND):
+            second = _lane_max(tl.where(cand == lane_best[:, None, None], _EMPTY, cand))
+            _write_top(lane_best, _count_above(lane_best, lane_best) + _count_above(lane_best, second), row64, s,
+                       s_sign, row_max, row_sum, log_sum, finite, prob_ptr, index_ptr, log, K, HAS_SCALE)
+            _write_top(second, _count_above(second, lane_best) + _count_above(second, second), row64, s, s_sign,
+                       row_max, row_sum, log_sum, finite, prob_ptr, index_ptr, log, K, HAS_SCALE)
         else:
             top = tl.full([32], _EMPTY, tl.int64)
             kth = tl.full([], _EMPTY, tl.int64)
@@ -480,14 +477,20 @@ def _merge_row(
                     at = b + flat
                     keys = tl.load(region + at, mask=at < K * splits, other=_EMPTY, cache_modifier=".cg")
                     top, kth = _insert(_above(keys, at < K * splits, floor, s, s_sign, HAS_SCALE), top, kth, K, SORT)
-            _write_top(top, lanes, lanes < K, row64, s, s_sign, row_max, row_sum, log_sum, finite, prob_ptr, index_ptr,
-                       log, K, HAS_SCALE)
+            _write_top(top, lanes, row64, s, s_sign, row_max, row_sum, log_sum, finite, prob_ptr, index_ptr, log, K,
+                       HAS_SCALE)
 
 
 @triton.jit
-def _write_top(keys, place, mask, row64, s, s_sign, row_max, row_sum, log_sum, finite, prob_ptr, index_ptr, log,
+def _count_above(keys, among):  # for each of keys ([32] packed), how many of among ([32], or _EMPTY) are larger
+    return tl.sum(((among[None, :] > keys[:, None]) & (among != _EMPTY)[None, :]).to(tl.int32), 1)
+
+
+@triton.jit
+def _write_top(keys, place, row64, s, s_sign, row_max, row_sum, log_sum, finite, prob_ptr, index_ptr, log,
                K: tl.constexpr, HAS_SCALE: tl.constexpr):
-    """A row's top K out: the [32] packed keys where `mask`, each at its `place` (0 .. K - 1)."""
+    """A row's top K out: each of the [32] packed keys (but _EMPTY) whose `place` is under K, at that place."""
+    mask = (keys != _EMPTY) & (place < K)
     u, index = _unpack(keys)
     y = _y_of(u, s, s_sign, HAS_SCALE)
     prob = tl.where(log != 0, y - row_max - log_sum, tl.exp(y - row_max) / row_sum)
