@@ -293,7 +293,8 @@ def markdown(
     for label, source in (sources or {}).items():
         lines.append(f"- {label}: {source}")
     lines += ["", *target_table(points)]
-    skipped = [s for run in runs for s in run.get("skipped", [])]
+    measured = {s for run in runs for s in run.get("measured", [])}  # a later run may measure what one skipped
+    skipped = list(dict.fromkeys(s for run in runs for s in run.get("skipped", []) if s not in measured))
     if skipped:
         lines += ["", "Not measured (time budget): " + ", ".join(skipped) + "."]
     lines.append("")

@@ -111,7 +111,11 @@ def test_table_marks_each_target_met_or_missed_with_its_ratio(monkeypatch):
         {"workload": "tp_selection", "tp": 2, "vocab": 128256, "batch": 1, "k": 1, "variant": v, "median_us": us,
          "tokens_match": match} for v, us, match in (("all_gather+softmax+topk", 20.0, True), ("draftfuse", 25.0, False))
     ]  # fmt: skip
-    runs = [{"command": "python benchmarks/run.py", "size": "reference", "seconds": 1.0, "skipped": ["eagle 8"]}]
+    runs = [
+        {"command": "python benchmarks/run.py", "size": "reference", "seconds": 1.0, "skipped": ["eagle 8", "mtp 8"]},
+        {"command": "python benchmarks/run.py --only mtp", "size": "reference", "seconds": 1.0, "skipped": [],
+         "measured": ["mtp 8"]},  # what a later run measured is not listed as not measured
+    ]
     table = report.markdown(META, rows, runs, baseline, tp)
 
     assert _line(table, "| draftfuse host µs") == (
