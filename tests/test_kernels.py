@@ -399,7 +399,7 @@ def test_captured_launches_use_the_given_workspace_while_it_fits(monkeypatch):
 
     cuda0, cuda1 = torch.device("cuda", 0), torch.device("cuda", 1)
     monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", lambda: True)
-    monkeypatch.setattr(torch.cuda, "current_stream", lambda device=None: types.SimpleNamespace(cuda_stream=12345))
+    monkeypatch.setattr(_triton_launch, "_current_stream", lambda index: 12345)
     monkeypatch.setattr(_triton_launch, "_fresh_workspace", lambda rows, device: ("per-launch copy", rows))
     monkeypatch.setattr(_triton_launch, "_workspaces", {})
     outer = types.SimpleNamespace(device=cuda0, shape=(1024, 64))
@@ -414,6 +414,29 @@ def test_captured_launches_use_the_given_workspace_while_it_fits(monkeypatch):
             assert _triton_launch._workspace(cuda0, 100) == ("per-launch copy", 100)
         assert _triton_launch._workspace(cuda0, 100) is outer
     assert _triton_launch._workspace(cuda0, 8) == ("per-launch copy", 8)
+
+
+def test_ready_key_holds_what_the_launch_specialises_on():
+    """A repeated call launches the kernel and grid its key's first calls picked: the key must change with
+    every input of the plan and of Triton's specialisation (dtype, shape, row stride, k, log, the scale's
+    kind, each pointer's 16-byte alignment), and only with those."""
+    if importlib.util.find_spec("triton") is None:
+        pytest.skip("Triton is not installed")
+    from draftfuse.kernels import _triton_launch
+
+    def key(x, k=4, log=False, scale=None):
+        return _triton_launch._ready_key(x, k, log, torch.empty(x.shape[0], k), torch.empty(x.shape[0], k, dtype=torch.int64), scale)
+
+    x = torch.randn(8, 32000)
+    base = key(x)
+    assert key(torch.randn(8, 32000)) == base  # other values, other memory: the same launch
+    others = [
+        key(x.half()), key(torch.randn(16, 32000)), key(torch.randn(8, 32001)), key(torch.randn(8, 32016)[:, :32000]),
+        key(torch.randn(8 * 32000 + 1)[1:].view(8, 32000)),  # 4 bytes off 16-byte alignment
+        key(x, k=8), key(x, log=True), key(x, scale=torch.ones(8)), key(x, scale=torch.ones(())),
+        key(x, scale=torch.ones(9)[1:]),  # a misaligned scale
+    ]
+    assert len({base, *others}) == len(others) + 1, others
 
 
 BENCH_SIZES = [(b, v) for v in (32000, 128256, 151936, 262144) for b in (1, 8, 64, 256)] + [(3, 7), (5, 1000003)]
@@ -433,11 +456,12 @@ def test_cuda_kernels_match_reference(dtype_name, k, scaled):
         x = (torch.randn(batch, vocab, device="cuda", generator=g) * 4).to(dtype)
         scale = (torch.rand(batch, device="cuda", generator=g) * 4 - 2) if scaled else None
         for log in (False, True):
-            if k == 1:
-                index, prob = torch.ops.draftfuse.argmax_prob(x, log, scale)
-                prob, index = prob[:, None], index[:, None]
-            else:
-                prob, index = torch.ops.draftfuse.topk_prob(x, k, log, scale)
+            for _ in range(3):  # the third call of a shape launches the kernel its first calls readied
+                if k == 1:
+                    index, prob = torch.ops.draftfuse.argmax_prob(x, log, scale)
+                    prob, index = prob[:, None], index[:, None]
+                else:
+                    prob, index = torch.ops.draftfuse.topk_prob(x, k, log, scale)
             assert not (problem := check_selection(x, k, log, prob, index, scale)), (batch, vocab, log, problem)
     for vocab in (1, 7, 1000, 4099, 32000, 151936):
         if k <= vocab:
@@ -518,7 +542,7 @@ def test_a_capture_without_a_workspace_warns_once(monkeypatch):
         pytest.skip("no Triton")
     cuda = torch.device("cuda", 0)
     monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", lambda: True)
-    monkeypatch.setattr(torch.cuda, "current_stream", lambda device=None: types.SimpleNamespace(cuda_stream=12345))
+    monkeypatch.setattr(kernels, "_current_stream", lambda index: 12345)
     monkeypatch.setattr(kernels, "_fresh_workspace", lambda rows, device: torch.full((rows, 64), -(2**31), dtype=torch.int32))
     monkeypatch.setattr(kernels, "_warned_fill", False)
     with pytest.warns(UserWarning, match=r"for 8 rows .* has no workspace: .* fill kernel .*graph_workspace\(device, rows\)") as seen:
@@ -580,6 +604,40 @@ def test_cuda_graph_replay_recomputes(workspace):
     finally:
         kernels._workspaces.clear()
         kernels._workspaces.update(saved)
+
+
+@pytest.mark.cuda
+def test_cuda_repeated_calls_skip_the_jit(monkeypatch):
+    """From a key's third call on (the second one learns the kernel's occupancy), a call launches the compiled
+    kernel directly: no Triton JIT lookup. Exact on every call, new data each time; a misaligned view, a
+    scale and a CUDA-graph capture take keys of their own or the same path."""
+    kernels = _selection._triton_selection()
+    jit_runs = []
+    for jit in (kernels._argmax_kernel, kernels._selection_kernel):
+        monkeypatch.setattr(jit, "run", lambda *a, _run=jit.run, **kw: jit_runs.append(1) or _run(*a, **kw))
+    monkeypatch.setattr(kernels, "_ready", {})
+    monkeypatch.setattr(kernels, "_fits", {})  # as in a fresh process: the first call learns the occupancy
+    g = torch.Generator(device="cuda").manual_seed(0)
+    storage = torch.empty(8 * 32000 + 1, device="cuda", dtype=torch.bfloat16)
+    aligned, misaligned = storage[: 8 * 32000].view(8, 32000), storage[1:].view(8, 32000)  # 2 bytes off
+    for k in (1, 4):
+        for x, scale in ((aligned, None), (misaligned, None), (aligned, torch.rand(8, device="cuda") - 0.5)):
+            del jit_runs[:]
+            for _ in range(4):
+                x.copy_(torch.randn(x.shape, device="cuda", generator=g) * 4)
+                prob, index = torch.ops.draftfuse.topk_prob(x, k, False, scale)
+                assert not (problem := check_selection(x, k, False, prob, index, scale)), (k, problem)
+            assert len(jit_runs) == 2, (k, scale is None, len(jit_runs))
+    assert len(kernels._ready) == 6
+    x = aligned
+    graph = torch.cuda.CUDAGraph()
+    with _selection.capturing_with(_selection.graph_workspace(torch.device("cuda"))), torch.cuda.graph(graph):
+        prob, index = torch.ops.draftfuse.topk_prob(x, 4)
+    assert len(jit_runs) == 2  # captured through the ready launch too
+    for _ in range(2):
+        x.copy_(torch.randn(x.shape, device="cuda", generator=g))
+        graph.replay()
+        assert not (problem := check_selection(x, 4, False, prob, index)), problem
 
 
 @pytest.mark.cuda
