@@ -43,7 +43,7 @@ REASONS: dict[tuple[str, str | None], str] = {
         "replay path adds Dynamo's C++ guards, argument binding and the output rebuild"
     ),
     ("sel_k1", None): (
-        "the bytes and the kernel's fixed cost add up: at batch 1 it takes 2.5-3.7 µs, of which a probe kernel "
+        "the bytes and the kernel's fixed cost add up: at batch 1 it takes 2.4-3.6 µs, of which a probe kernel "
         "doing only the launch, a one-tile load per program, the row's counter and its last program's merge "
         "takes 2.22 at [1, 32000]. Fixed cost and floor together exceed the limit at 5 of the 8 misses (batch 8-64); "
         "at the other 3 (batch 64-256) they come within 3-8 % of it and the kernel takes 1.4-1.7 µs more than "
@@ -52,7 +52,7 @@ REASONS: dict[tuple[str, str | None], str] = {
         "0.97), two tiles ahead and programs of 2-8 warps did not help (notes/kernels.md)"
     ),
     ("sel_k", None): (
-        "latency: 2.7-4.7 µs over k = 1 at batch 1, 2.7-4.9 (k = 4) and 3.8-7.0 (k = 16) at batch 8-32; taken "
+        "latency: 2.7-4.7 µs over k = 1 at batch 1, 2.7-4.8 (k = 4) and 3.7-7.0 (k = 16) at batch 8-32; taken "
         "apart on the H200: pass 2's hit tiles (re-read, the candidates' atomic add and stores, the last "
         "program's rank) 1.2-1.8 µs at k = 4 and 1.5-5.4 at k = 16, the floor's read 0.1-1.0, publishing to "
         "the slots 0-1.0, the rest (128 chunks a row, the tile-wise pass 1) 1.2-2.0; ranking in place of a "

@@ -38,8 +38,8 @@ the output, written at once, and no floor is computed. With more, it drops those
 first and ranks them so if each lane then holds at most two (its best and second, each ranked among
 both); otherwise (a lane holding three, or the room run out) it merges them by rounds, the [k, splits]
 area too when the room ran out.
-Measured on an H200 (benchmarks/results): k = 4 and k = 16 at batch 1 take 5.2-8.6 us, where the
-k = 1 kernel takes 2.5-3.7: pass 2's hits, the floor's read and the candidates' ranking more.
+Measured on an H200 (benchmarks/results): k = 4 and k = 16 at batch 1 take 5.2-8.2 us, where the
+k = 1 kernel takes 2.4-3.6: pass 2's hits, the floor's read and the candidates' ranking more.
 
 The counter and slots live in a per-stream workspace (_triton_launch.py) that every launch leaves as
 it found it (all INT32_MIN), so a call needs no fill kernel; a call captured on a stream that has none
