@@ -435,6 +435,7 @@ def test_ready_key_holds_what_the_launch_specialises_on():
         key(torch.randn(8 * 32000 + 1)[1:].view(8, 32000)),  # 4 bytes off 16-byte alignment
         key(x, k=8), key(x, log=True), key(x, scale=torch.ones(8)), key(x, scale=torch.ones(())),
         key(x, scale=torch.ones(9)[1:]),  # a misaligned scale
+        key(x, scale=torch.ones(8, dtype=torch.float64)),
     ]
     assert len({base, *others}) == len(others) + 1, others
 
