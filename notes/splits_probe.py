@@ -26,16 +26,20 @@ from draftfuse.kernels import _triton_launch, topk_prob_reference  # noqa: E402
 from tests.test_kernels import check_selection, special_rows, special_scales  # noqa: E402
 
 
+_READY = {}  # each cap's ready launches: they hold the plan the caps gave, and the caps are not in their key
+
+
 def launcher(k, cap):
     def call(x):
         prob = torch.empty(x.shape[0], k, device=x.device)
         index = torch.empty(x.shape[0], k, device=x.device, dtype=torch.int64)
-        saved = _triton_launch._MAX_SPLITS, _triton_launch._TOPK_SPLITS
+        saved = _triton_launch._MAX_SPLITS, _triton_launch._TOPK_SPLITS, _triton_launch._ready
         _triton_launch._MAX_SPLITS = _triton_launch._TOPK_SPLITS = cap  # the planner's caps (a launch captured in a graph plans once)
+        _triton_launch._ready = _READY.setdefault(cap, {})
         try:
             _triton_launch.launch_selection(x, k, False, prob, index, None)
         finally:
-            _triton_launch._MAX_SPLITS, _triton_launch._TOPK_SPLITS = saved
+            _triton_launch._MAX_SPLITS, _triton_launch._TOPK_SPLITS, _triton_launch._ready = saved
         return prob, index
 
     return call

@@ -424,8 +424,10 @@ def test_ready_key_holds_what_the_launch_specialises_on():
         pytest.skip("Triton is not installed")
     from draftfuse.kernels import _triton_launch
 
-    def key(x, k=4, log=False, scale=None):
-        return _triton_launch._ready_key(x, k, log, torch.empty(x.shape[0], k), torch.empty(x.shape[0], k, dtype=torch.int64), scale)
+    def key(x, k=4, log=False, scale=None, prob=None, index=None):
+        prob = torch.empty(x.shape[0], k) if prob is None else prob
+        index = torch.empty(x.shape[0], k, dtype=torch.int64) if index is None else index
+        return _triton_launch._ready_key(x, k, log, prob, index, scale)
 
     x = torch.randn(8, 32000)
     base = key(x)
@@ -436,8 +438,39 @@ def test_ready_key_holds_what_the_launch_specialises_on():
         key(x, k=8), key(x, log=True), key(x, scale=torch.ones(8)), key(x, scale=torch.ones(())),
         key(x, scale=torch.ones(9)[1:]),  # a misaligned scale
         key(x, scale=torch.ones(8, dtype=torch.float64)),
+        key(x, prob=torch.empty(8, 4, dtype=torch.float64)), key(x, index=torch.empty(8, 4, dtype=torch.int32)),
+        key(x, prob=torch.empty(33)[1:].view(8, 4)), key(x, index=torch.empty(33, dtype=torch.int64)[1:].view(8, 4)),
     ]
     assert len({base, *others}) == len(others) + 1, others
+
+
+def test_kernels_launch_on_the_logits_device(monkeypatch):
+    """Triton launches on the current CUDA device: logits on another one are launched with it made current
+    (the op's callers need not set it). On the CPU: fake CUDA tensors, the launch and the device stood in."""
+    import contextlib
+    import types
+
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    current, seen = [0], []
+
+    @contextlib.contextmanager
+    def device(d):
+        saved, current[0] = current[0], torch.device(d).index
+        try:
+            yield
+        finally:
+            current[0] = saved
+
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: current[0])
+    monkeypatch.setattr(torch.cuda, "device", device)
+    launcher = types.SimpleNamespace(launch_selection=lambda logits, *args: seen.append((logits.device.index, current[0])))
+    monkeypatch.setattr(_selection, "_triton_selection", lambda: launcher)
+    with FakeTensorMode():
+        for index in (0, 1):
+            x = torch.empty(2, 100, device=f"cuda:{index}")
+            _selection._run_kernels(x, 4, False, torch.empty(2, 4, device=x.device), torch.empty(2, 4, device=x.device))
+    assert seen == [(0, 0), (1, 1)] and current == [0]
 
 
 BENCH_SIZES = [(b, v) for v in (32000, 128256, 151936, 262144) for b in (1, 8, 64, 256)] + [(3, 7), (5, 1000003)]

@@ -200,11 +200,13 @@ def plan(rows: int, vocab: int, k: int, device: torch.device, *, splits=None, bl
 
 # Launches ready to repeat, for calls without tuning keywords: _ready_key -> (the compiled kernel, grid, its
 # arguments but the tensors, the scratch shapes). The key holds all that the plan and Triton's
-# specialisation read (every tensor's dtype, the shape, row stride, k, log, the scale's kind, 16-byte
-# alignment of each pointer; the ints passed are functions of these), so a hit launches the kernel and
-# grid the full path would pick, without its Python: the plan, Triton's argument binding and cache lookup
-# (an eager topk_prob call took 109 µs of host time on an H200 host with it, 182 without). Filled once
-# the kernel's occupancy is known (the key's second call).
+# specialisation read from a call (every tensor's dtype, the shape, row stride, k, log, the scale's kind,
+# 16-byte alignment of each pointer; the ints passed are functions of these), so a hit launches the kernel
+# and grid the full path would pick, without its Python: the plan, Triton's argument binding and cache
+# lookup (an eager topk_prob call took 109 µs of host time on an H200 host with it, 182 without). An
+# entry is made once the kernel's occupancy is known (a key's second call, or its first where another
+# shape has taught it). What is not read per call, this module's tuning constants and Triton's knobs, is
+# fixed in the entries: code that changes them (a probe) must give the launches a `_ready` of its own.
 _ready: dict = {}
 
 
@@ -302,7 +304,7 @@ def launch_selection(
     kernel = jit[(rows, splits)](*args, **constexprs)
     if fit is None and getattr(kernel, "n_regs", 0):  # the first launch of this kernel: note its occupancy
         _fits[key] = _programs_that_fit(kernel.n_regs)
-    elif ready_key is not None and fit is not None and hasattr(kernel, "function"):  # the plan is final
+    elif ready_key is not None and fit is not None:  # the plan is final
         consts = tuple(constexprs[name] for name in jit.arg_names[len(args):])
         if len(_ready) >= 4096:  # shapes without end (a server's every batch size, many times over)
             _ready.clear()

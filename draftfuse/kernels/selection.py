@@ -175,7 +175,12 @@ def _run_kernels(
     vocab = logits.shape[-1]
     rows = logits.reshape(-1, vocab)  # a copy only when the leading dims don't flatten to one stride
     scale = None if scale is None else scale.float()  # checked by the caller: 0-d or one per row
-    _triton_selection().launch_selection(rows, k, log, prob, index, scale)
+    launch = _triton_selection().launch_selection
+    if logits.device.index == torch.cuda.current_device():
+        launch(rows, k, log, prob, index, scale)
+    else:  # Triton launches on the current device
+        with torch.cuda.device(logits.device):
+            launch(rows, k, log, prob, index, scale)
 
 
 @torch.library.custom_op("draftfuse::argmax_prob", mutates_args=())
