@@ -176,7 +176,7 @@ def _run_kernels(
     rows = logits.reshape(-1, vocab)  # a copy only when the leading dims don't flatten to one stride
     scale = None if scale is None else scale.float()  # checked by the caller: 0-d or one per row
     launch = _triton_selection().launch_selection
-    if logits.device.index == torch.cuda.current_device():
+    if logits.device.type != "cuda" or logits.device.index == torch.cuda.current_device():  # (CPU: Triton's interpreter)
         launch(rows, k, log, prob, index, scale)
     else:  # Triton launches on the current device
         with torch.cuda.device(logits.device):
