@@ -444,6 +444,44 @@ def test_ready_key_holds_what_the_launch_specialises_on():
     assert len({base, *others}) == len(others) + 1, others
 
 
+def test_a_ready_launch_passes_what_the_full_path_passed(monkeypatch):
+    """A ready launch (the compiled kernel called directly) gets the full path's grid, arguments and
+    constexprs: the same logits, outputs and scale, scratch of the same shapes. On the CPU: the JIT
+    functions and the compiled kernel stood in by recorders."""
+    if importlib.util.find_spec("triton") is None:
+        pytest.skip("Triton is not installed")
+    from draftfuse.kernels import _triton_launch
+
+    seen = []
+
+    class Recorder:
+        def __init__(self, arg_names=()):
+            self.arg_names = arg_names
+
+        def __getitem__(self, grid):
+            return lambda *args, stream=None, **constexprs: seen.append((tuple(grid)[:2], args, constexprs))
+
+    for name in ("_argmax_kernel", "_selection_kernel"):
+        monkeypatch.setattr(_triton_launch, name, Recorder(getattr(_triton_launch, name).arg_names))
+    monkeypatch.setattr(_triton_launch, "_current_stream", lambda index: 0)
+    same = lambda a, b: (a.shape, a.dtype) == (b.shape, b.dtype) if isinstance(a, torch.Tensor) else a == b  # noqa: E731
+    for k in (1, 4):
+        for scale in (None, torch.rand(8), torch.rand(())):
+            x, prob, index = torch.randn(8, 32000), torch.empty(8, k), torch.empty(8, k, dtype=torch.int64)
+            seen.clear()
+            _triton_launch.launch_selection(x, k, True, prob, index, scale)
+            grid, args, constexprs = seen[0]
+            names = getattr(_triton_launch, "_argmax_kernel" if k == 1 else "_selection_kernel").arg_names
+            consts = tuple(constexprs[name] for name in names[len(args):])
+            cand = _triton_launch._CANDIDATES if k > 1 else 0
+            ready = (Recorder(), (8, args[4], 1), consts, args[4], args[3], cand)
+            _triton_launch._launch_ready(ready, x, k, True, prob, index, scale)
+            ready_grid, ready_args, _ = seen[1]
+            assert ready_grid == grid and len(ready_args) == len(args) + len(consts)
+            assert all(same(a, b) for a, b in zip((*args, *consts), ready_args)), (k, scale)
+            assert all(ready_args[i] is args[i] for i in (0, 10, 11)) and (scale is None or ready_args[5].data_ptr() == scale.data_ptr())
+
+
 def test_kernels_launch_on_the_logits_device(monkeypatch):
     """Triton launches on the current CUDA device: logits on another one are launched with it made current
     (the op's callers need not set it). On the CPU: fake CUDA tensors, the launch and the device stood in."""

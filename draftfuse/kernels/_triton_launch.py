@@ -199,7 +199,7 @@ def plan(rows: int, vocab: int, k: int, device: torch.device, *, splits=None, bl
 
 
 # Launches ready to repeat, for calls without tuning keywords: _ready_key -> (the compiled kernel, grid, its
-# arguments but the tensors, the scratch shapes). The key holds all that the plan and Triton's
+# constexprs, splits, chunk, candidate room). The key holds all that the plan and Triton's
 # specialisation read from a call (every tensor's dtype, the shape, row stride, k, log, the scale's kind,
 # 16-byte alignment of each pointer; the ints passed are functions of these), so a hit launches the kernel
 # and grid the full path would pick, without its Python: the plan, Triton's argument binding and cache
@@ -216,16 +216,21 @@ def _ready_key(logits: torch.Tensor, k: int, log: bool, prob, index, scale) -> t
             *(t is None or t.data_ptr() % 16 == 0 for t in (logits, scale, prob, index)))  # fmt: skip
 
 
-def _launch_ready(ready: tuple, logits: torch.Tensor, prob, index, scale):
-    compiled, grid, ints, consts, part_shape, keys_shape = ready
-    device = logits.device
-    part = torch.empty(part_shape, dtype=torch.float32, device=device)
-    keys = torch.empty(keys_shape, dtype=torch.int64, device=device)
-    ws = _workspace(device, grid[0])
-    stride, vocab, chunk, splits, scale_stride, log = ints
-    scale_arg = part if scale is None else scale.reshape(-1)
-    compiled[grid](logits, stride, vocab, chunk, splits, scale_arg, scale_stride, part, keys, ws, prob, index, log,
-                   *consts, stream=_current_stream(device.index))
+def _arguments(logits, k, log, prob, index, scale, splits: int, chunk: int, cand: int, ws: torch.Tensor) -> tuple:
+    """The kernels' runtime arguments (all but the constexprs), their scratch allocated by shape."""
+    rows, vocab = logits.shape
+    part = torch.empty((rows, 2, splits), dtype=torch.float32, device=logits.device)
+    keys = torch.empty((rows, cand + k * splits), dtype=torch.int64, device=logits.device)
+    scale_arg = part if scale is None else scale.reshape(-1)  # part: never read
+    scale_stride = 0 if scale is None or scale_arg.numel() == 1 else 1
+    return logits, logits.stride(0), vocab, chunk, splits, scale_arg, scale_stride, part, keys, ws, prob, index, int(log)
+
+
+def _launch_ready(ready: tuple, logits: torch.Tensor, k, log, prob, index, scale):
+    compiled, grid, consts, splits, chunk, cand = ready
+    ws = _workspace(logits.device, grid[0])
+    args = _arguments(logits, k, log, prob, index, scale, splits, chunk, cand, ws)
+    compiled[grid](*args, *consts, stream=_current_stream(logits.device.index))
     return compiled
 
 
@@ -263,7 +268,7 @@ def launch_selection(
         ready_key = _ready_key(logits, k, log, prob, index, scale)
         ready = _ready.get(ready_key)
         if ready is not None:
-            return _launch_ready(ready, logits, prob, index, scale)
+            return _launch_ready(ready, logits, k, log, prob, index, scale)
     pdl = (_PDL and cuda and _capability(device) >= 9) if pdl is None else pdl
     sort = cuda and _MERGE == "sort"
     programs_per_sm = programs_per_sm or default_programs_per_sm(logits.element_size(), k, scale is not None)
@@ -280,20 +285,13 @@ def launch_selection(
     if fit is not None and splits is None:
         programs_per_sm = min(programs_per_sm, fit)
     splits, chunk, block = plan(rows, vocab, k, device, splits=splits, block=block, programs_per_sm=programs_per_sm)
-    part = torch.empty((rows, 2, splits), dtype=torch.float32, device=device)
-    keys = torch.empty((rows, cand + k * splits), dtype=torch.int64, device=device)
     ws = workspace if workspace is not None else _workspace(device, rows)
-    if scale is None:
-        scale_arg, scale_stride = part, 0  # never read
-    else:
-        scale_arg = scale.reshape(-1)
-        scale_stride = 0 if scale_arg.numel() == 1 else 1
     # On the GPU: no contraction of x * s - max into one fma, whose single rounding would move
     # exp(y - max) away from the float32 softmax of y = fl(x * s) by up to an ulp of y.
     options = {"enable_fp_fusion": False, **({"launch_pdl": True} if pdl else {})} if cuda else {}
     if maxnreg:
         options["maxnreg"] = maxnreg
-    args = (logits, logits.stride(0), vocab, chunk, splits, scale_arg, scale_stride, part, keys, ws, prob, index, int(log))
+    args = _arguments(logits, k, log, prob, index, scale, splits, chunk, cand, ws)
     common = dict(BLOCK=block, V=16 // logits.element_size(), HAS_SCALE=scale is not None, GPU=cuda, PDL=pdl,
                   MERGE=128 if splits <= 128 else 256, num_warps=1, **options)
     if k == 1:  # its own kernel (_triton_argmax.py): per-lane state, no candidates
@@ -308,5 +306,5 @@ def launch_selection(
         consts = tuple(constexprs[name] for name in jit.arg_names[len(args):])
         if len(_ready) >= 4096:  # shapes without end (a server's every batch size, many times over)
             _ready.clear()
-        _ready[ready_key] = (kernel, (rows, splits, 1), args[1:5] + args[6:7] + args[12:], consts, part.shape, keys.shape)
+        _ready[ready_key] = (kernel, (rows, splits, 1), consts, splits, chunk, cand)
     return kernel
