@@ -118,6 +118,8 @@ def _interpreter_cases(dtype: torch.dtype) -> list[tuple]:
             ("random-b1-v40000-k4-one-split", randn(1, 40000), 4, False, 1, None),
             # 46 candidates at or above the floor, the top 16 both of some lanes' two: ranked 64 at once
             ("three-a-lane-v512-k16-one-split", three_a_lane(), 16, False, 1, None),
+            # the k-th largest alone in the last chunk: a program's floor must not pass it
+            ("kth-apart-v2048-k4-4-splits", kth_apart(), 4, False, 4, None),
         ]
     return [  # float16
         ("special-v7-k4-scaled-log", special_rows(7, dtype), 4, True, None, special_scales(10)),
@@ -140,6 +142,18 @@ def three_a_lane() -> torch.Tensor:
         for i in range(3):
             place = 1 + 3 * (lane - 17) + i
             x[0, 4 * lane + i] = value.get(place, 10.0 + place / 64)
+    return x
+
+
+def kth_apart() -> torch.Tensor:
+    """[2, 2048] float32 for 4 chunks of one tile: small values, but the top 3 (10, 9, 8) in lanes 0-2 of
+    one end chunk and the 4th (7) in lane 3 of the other (row 0: top 3 first, row 1: last). The 4th
+    largest slot is then exactly the 4th element: a program whose floor is any higher (the 3rd largest
+    slot, say) drops it, whichever of the end chunks runs its second pass last."""
+    x = torch.randn(2, 2048, generator=torch.Generator().manual_seed(3)) * 0.1
+    for row, (top, fourth) in enumerate([(0, 1536), (1536, 0)]):
+        x[row, top + torch.tensor([0, 4, 8])] = torch.tensor([10.0, 9.0, 8.0])  # lane L holds 4L .. 4L + 3
+        x[row, fourth + 12] = 7.0
     return x
 
 
