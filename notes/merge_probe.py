@@ -20,6 +20,8 @@ Variants, each a copy of draftfuse/kernels/_triton_{selection,launch}.py loaded 
               instead of column 1, beside the arrival counter that every program's release hits
   split256    as the working tree's kernel, k > 1 aiming at up to 256 chunks a row instead of 128 (as k = 1 does; measured no
               faster when the kernel took 165 registers, not since it takes 121-128)
+  resnap      as the working tree's kernel, a program with a hit tile reads the slots again beside the tile's load and
+              takes the higher floor (a later snapshot: fewer candidates appended, no load more on the path)
 
 First every variant is checked against the reference (special rows of several vocabularies, forced splits,
 little room for candidates, scales of every sign, log, random rows at the timed sizes), and the workspace
@@ -57,6 +59,11 @@ KERNELS = REPO / "draftfuse" / "kernels"
 ATOMIC_READ = 'slot_keys = tl.atomic_max(slots_ptr + lanes, _NO_KEY, sem="relaxed")'
 COUNT_AT = ("ws_row + 1, ", "ws_row + 16, ")  # the candidates' count: reserved (atomic add), then read and reset
 LOAD_READ = 'slot_keys = tl.maximum(tl.load(slots_ptr + lanes, cache_modifier=".cg"), own)'
+RESNAP = ("""        valid = offs < end
+        if start + (t + 1) * BLOCK <= end:""", """        valid = offs < end
+        if publish:  # a later snapshot of the slots, read beside the tile: a floor at least as high
+            floor = tl.maximum(floor, _kth_largest(tl.maximum(tl.load(slots_ptr + lanes, cache_modifier=".cg"), own), K))
+        if start + (t + 1) * BLOCK <= end:""")
 
 
 def load_variant(name: str, sources: tuple[str, str], where: Path):
@@ -189,7 +196,8 @@ def main() -> None:
     every = {"sort": lambda: pair("5b6d1e4"), "rank": lambda: pair("6c1a404", lambda s: s.replace(LOAD_READ, ATOMIC_READ)),
              "rank+load": lambda: pair("6c1a404"), "first": lambda: pair("9c8c0be"), "record": lambda: pair("c029730"), "pairs": lambda: here,
              "sector": lambda: (moved(here[0], *COUNT_AT, count=2), here[1]),
-             "split256": lambda: (moved(here[0], "_TOPK_SPLITS = 128", "_TOPK_SPLITS = 256", count=1), here[1])}
+             "split256": lambda: (moved(here[0], "_TOPK_SPLITS = 128", "_TOPK_SPLITS = 256", count=1), here[1]),
+             "resnap": lambda: (moved(here[0], *RESNAP, count=1), here[1])}
     sources = {name: every[name]() for name in args.variants}
     where = Path(tempfile.mkdtemp(prefix="merge_probe_"))
     sys.path.insert(0, str(where))
