@@ -20,8 +20,10 @@ Variants, each a copy of draftfuse/kernels/_triton_{selection,launch}.py loaded 
               instead of column 1, beside the arrival counter that every program's release hits
   split256    as the working tree's kernel, k > 1 aiming at up to 256 chunks a row instead of 128 (as k = 1 does; measured no
               faster when the kernel took 165 registers, not since it takes 121-128)
-  resnap      as the working tree's kernel, a program with a hit tile reads the slots again beside the tile's load and
-              takes the higher floor (a later snapshot: fewer candidates appended, no load more on the path)
+  resnap      as the working tree's kernel, every program with a hit tile reading the slots again beside the tile's load
+              and taking the higher floor (a later snapshot: fewer candidates appended); the working tree does so only
+              at k >= 16, 8 rows or more, one tile a program (after this variant's run, notes/merge_probe6/7_h200.json)
+  noresnap    as the working tree's kernel, no program reading the slots again (the kernel before that change)
 
 First every variant is checked against the reference (special rows of several vocabularies, forced splits,
 little room for candidates, scales of every sign, log, random rows at the timed sizes), and the workspace
@@ -59,11 +61,7 @@ KERNELS = REPO / "draftfuse" / "kernels"
 ATOMIC_READ = 'slot_keys = tl.atomic_max(slots_ptr + lanes, _NO_KEY, sem="relaxed")'
 COUNT_AT = ("ws_row + 1, ", "ws_row + 16, ")  # the candidates' count: reserved (atomic add), then read and reset
 LOAD_READ = 'slot_keys = tl.maximum(tl.load(slots_ptr + lanes, cache_modifier=".cg"), own)'
-RESNAP = ("""        valid = offs < end
-        if start + (t + 1) * BLOCK <= end:""", """        valid = offs < end
-        if publish:  # a later snapshot of the slots, read beside the tile: a floor at least as high
-            floor = tl.maximum(floor, _kth_largest(tl.maximum(tl.load(slots_ptr + lanes, cache_modifier=".cg"), own), K))
-        if start + (t + 1) * BLOCK <= end:""")
+RESNAP = "RESNAP=k >= _RESNAP_MIN_K and rows >= _RESNAP_MIN_ROWS and chunk == block"  # the launcher's choice
 
 
 def load_variant(name: str, sources: tuple[str, str], where: Path):
@@ -138,14 +136,14 @@ def check(variants: dict) -> list[str]:
     return failures
 
 
-def check_timed(variants: dict, batches: list[int]) -> list[str]:
+def check_timed(variants: dict, batches: list[int], vocabs: list[int]) -> list[str]:
     """--quick: only the timed points (random rows, unscaled), one launch each: a sanity check that also
     compiles what the timing launches, in the check's own process."""
     failures = []
     for name, module in variants.items():
         for batch in batches:
             for dtype in (torch.bfloat16, torch.float32):
-                for vocab in (32000, 128256, 151936, 262144):
+                for vocab in vocabs:
                     x = (torch.randn(batch, vocab, device="cuda") * 4).to(dtype)
                     for k in (4, 8, 16):
                         prob, index = launcher(module, k)(x)
@@ -172,6 +170,7 @@ def main() -> None:
     parser.add_argument("--budget-s", type=float, default=300)
     parser.add_argument("--variants", nargs="+", default=["first", "record"])
     parser.add_argument("--batches", nargs="+", type=int, default=[1, 8, 32, 64, 256])
+    parser.add_argument("--vocabs", nargs="+", type=int, default=[32000, 128256, 151936, 262144])
     parser.add_argument("--check", help=argparse.SUPPRESS)
     parser.add_argument("--quick", action="store_true", help="check only the timed points (no special rows, scales or tilings)")
     parser.add_argument("--wait-for", help="a file to wait for before timing (other GPU work of the same call ends)")
@@ -197,16 +196,17 @@ def main() -> None:
              "rank+load": lambda: pair("6c1a404"), "first": lambda: pair("9c8c0be"), "record": lambda: pair("c029730"), "pairs": lambda: here,
              "sector": lambda: (moved(here[0], *COUNT_AT, count=2), here[1]),
              "split256": lambda: (moved(here[0], "_TOPK_SPLITS = 128", "_TOPK_SPLITS = 256", count=1), here[1]),
-             "resnap": lambda: (moved(here[0], *RESNAP, count=1), here[1])}
+             "resnap": lambda: (here[0], moved(here[1], RESNAP, "RESNAP=True", count=1)),
+             "noresnap": lambda: (here[0], moved(here[1], RESNAP, "RESNAP=False", count=1))}
     sources = {name: every[name]() for name in args.variants}
     where = Path(tempfile.mkdtemp(prefix="merge_probe_"))
     sys.path.insert(0, str(where))
     if args.check:  # one variant's checks (compiling its kernels into Triton's cache), in a process of its own
         variant = {args.check: load_variant(args.check, sources[args.check], where)}
-        print(json.dumps(check_timed(variant, args.batches) if args.quick else check(variant)))
+        print(json.dumps(check_timed(variant, args.batches, args.vocabs) if args.quick else check(variant)))
         return
     # the variants' checks at once, one process each: most of their time is Triton compiling
-    quick = ["--quick", "--batches", *map(str, args.batches)] if args.quick else []
+    quick = ["--quick", "--batches", *map(str, args.batches), "--vocabs", *map(str, args.vocabs)] if args.quick else []
     checks = [subprocess.Popen([sys.executable, __file__, "--check", name, "--variants", *args.variants, *quick], stdout=subprocess.PIPE, text=True)
               for name in sources]
     failures = [f for p in checks for f in json.loads(p.communicate()[0].splitlines()[-1])]
@@ -223,7 +223,7 @@ def main() -> None:
     names = list(variants)
     # batch <= 64 first (the 8 us and 10x targets), then 256
     points = [(dtype, vocab, batch) for batch in args.batches for dtype in (torch.bfloat16, torch.float32)
-              for vocab in (32000, 128256, 151936, 262144)]
+              for vocab in args.vocabs]
     for dtype, vocab, batch in points:
         if time.time() - start > args.budget_s:
             print("budget: stopping", flush=True)

@@ -26,6 +26,8 @@ from draftfuse.kernels._triton_selection import (  # noqa: F401  (the tuning con
     _PDL,
     _MERGE,
     _MAX_TILES,
+    _RESNAP_MIN_K,
+    _RESNAP_MIN_ROWS,
 )
 
 # (device type, index, stream) -> int32 [capacity rows, _WS_COLS], all INT32_MIN between launches. One per
@@ -298,7 +300,7 @@ def launch_selection(
         jit, constexprs = _argmax_kernel, common
     else:
         record = max(32, triton.next_power_of_2(chunk // block))  # the chunk's tiles, at least 32 (one per lane)
-        jit, constexprs = _selection_kernel, dict(K=k, CAND=cand, SORT=sort, RECORD=record, **common)
+        jit, constexprs = _selection_kernel, dict(K=k, CAND=cand, SORT=sort, RECORD=record, RESNAP=k >= _RESNAP_MIN_K and rows >= _RESNAP_MIN_ROWS and chunk == block, **common)
     kernel = jit[(rows, splits)](*args, **constexprs)
     if fit is None and getattr(kernel, "n_regs", 0):  # the first launch of this kernel: note its occupancy
         _fits[key] = _programs_that_fit(kernel.n_regs)

@@ -23,7 +23,8 @@ Pass 2 reads the floor and re-reads only the tiles whose max reaches it (usually
 one, from L1/L2), and appends the elements at or above it to the row's candidates: one atomic add on
 a per-row count reserves their places (each element's place from an in-thread count plus one warp
 scan), so a program does no merging at all. The floor it read is at most the final one (slots only
-grow), so every element of the row's top k is appended. When a row's room (_CANDIDATES keys) runs
+grow), so every element of the row's top k is appended (with one tile a program, k = 16 and 8 rows or
+more, it reads the slots again beside the hit tile's load: a later and so higher floor, fewer appended). When a row's room (_CANDIDATES keys) runs
 out, which takes more than that many elements tied at or above the floor (all-equal or all -inf
 rows), each program keeps its best k of what didn't fit in registers, by merge rounds (each round
 takes every lane's best remaining candidate and merges them into a sorted top list with a 64-wide
@@ -80,10 +81,13 @@ _PROGRAMS_PER_SM = {
     (2, True, False): 24, (2, True, True): 24, (2, False, False): 16, (2, False, True): 16,
     (4, True, False): 21, (4, True, True): 16, (4, False, False): 16, (4, False, True): 16,
 }
-# Programmatic dependent launch: the kernel may start while the previous kernel in the stream drains
-# (it waits, griddepcontrol.wait, before touching memory), hiding the launch gap. Hopper and later
-# (sm_90+) only; elsewhere the kernel is compiled and launched without it.
+# Programmatic dependent launch: the kernel may start while the previous kernel in the stream drains (it
+# waits, griddepcontrol.wait, before touching memory), hiding the launch gap; sm_90+ only, else off.
 _PDL = True
+# k > 1, one tile a program (vocab ~32000, batch <= 32): programs read the slots before most others have
+# published; at k = 16 ~50 candidates a row pass their floors (past 32: the last program's slower path). From
+# this k and batch on they read the slots again beside the hit tile (H200: 0.77-0.96x; batch 1 1.04-1.12x)
+_RESNAP_MIN_K, _RESNAP_MIN_ROWS = 16, 8
 # k > 1: how a round merges 32 candidates into the top list: "sort" (a 64-wide bitonic sort) or
 # "rank" (32 x 32 comparisons; what Triton's interpreter always runs)
 _MERGE = "sort"
@@ -235,12 +239,10 @@ def _program(logits_ptr, row_stride, vocab, chunk, scale_ptr, scale_stride, ws_p
     row_ptr = logits_ptr + row.to(tl.int64) * row_stride
     ws_row = ws_ptr + row.to(tl.int64) * _WS_COLS
     J: tl.constexpr = BLOCK // (32 * V)
-    # Tile element (lane, j, v) is at j * 32 V + lane * V + v: 16-byte loads, each covering 512
-    # contiguous bytes across the warp. The lane axis comes first: Triton orders the two strided axes
-    # by index after the contiguous one and gives its 32 threads to the first, so each thread holds
-    # one lane's J * V elements and reductions over a lane need no shuffles (with the lane axis
-    # second, Triton 3.6 split the threads 4 x 8 over (j, lane): every lane reduction shuffled and
-    # the merges' sorts ran on replicated data, ~1570 SASS instructions a round instead of ~770).
+    # Tile element (lane, j, v) is at j * 32 V + lane * V + v: 16-byte loads, each covering 512 contiguous
+    # bytes across the warp. The lane axis comes first: Triton gives its 32 threads to the first strided
+    # axis, so each thread holds one lane's J * V elements and lane reductions need no shuffles (lane axis
+    # second, Triton 3.6 split the threads 4 x 8 over (j, lane): ~1570 SASS instructions a round, not ~770).
     lane_offs = (
         tl.arange(0, 32)[:, None, None] * V + tl.arange(0, J)[None, :, None] * (32 * V) + tl.arange(0, V)[None, None, :]
     )
@@ -261,7 +263,7 @@ def _selection_kernel(
     part_ptr, key_ptr, ws_ptr, prob_ptr, index_ptr, log,
     K: tl.constexpr, BLOCK: tl.constexpr, V: tl.constexpr, CAND: tl.constexpr,
     HAS_SCALE: tl.constexpr, GPU: tl.constexpr, PDL: tl.constexpr, SORT: tl.constexpr, MERGE: tl.constexpr,
-    RECORD: tl.constexpr,
+    RECORD: tl.constexpr, RESNAP: tl.constexpr,
 ):
     # GPU: compiled for a GPU (PTX exp), not run by Triton's interpreter; SORT: merge top lists by
     # tl.sort rather than by ranks (see _merge_top); MERGE: a power of two >= splits (128 or 256);
@@ -270,10 +272,9 @@ def _selection_kernel(
         logits_ptr, row_stride, vocab, chunk, scale_ptr, scale_stride, ws_ptr, BLOCK, V, HAS_SCALE, PDL
     )
     if HAS_SCALE:
-        # An infinite scale (a temperature of 0): y = x * s is +-inf, or NaN where x = 0, whose NaN would
-        # rank zeros above every element in the floors and the hits, where the order is u's. The program
-        # then runs on y = u (its order, exactly) and the probabilities, NaN in any softmax of such a row,
-        # are made NaN through the row's sum.
+        # An infinite scale (a temperature of 0): y = x * s is +-inf, or NaN where x = 0, which would rank
+        # zeros above every element in the floors and hits (the order is u's). The program then runs on
+        # y = u, and the probabilities (NaN in any softmax of such a row) are made NaN through the row's sum.
         infinite = (s == float("inf")) | (s == float("-inf"))
         s = tl.where(infinite, s_sign, s)
     slots_ptr = ws_row + 32
@@ -305,11 +306,10 @@ def _selection_kernel(
             True, HAS_SCALE, GPU, RECORD,
         )
 
-    # Pass 2: the floor from the slots, then only the tiles whose max reaches it; their elements at or
-    # above it are appended to the row's candidates. The slots are read from L2 by a plain load (an atomic
-    # read cost ~0.3 us more at batch 1): any snapshot is a valid floor, its slots being values of distinct
-    # elements, each at most its final value; this program's own lanes' maxima, whose publication may not
-    # have landed yet, are taken in too (slot i and own lane i both hold elements of lane i).
+    # Pass 2: the floor from the slots, then only the tiles whose max reaches it; their elements at or above
+    # it are appended to the row's candidates. The slots are read by a plain L2 load (an atomic read cost
+    # ~0.3 us more at batch 1): any snapshot is a valid floor (values of distinct elements, each at most its
+    # final value); this program's own lane maxima, maybe not landed yet, are taken in too (same lanes).
     if publish:
         slot_keys = tl.maximum(tl.load(slots_ptr + lanes, cache_modifier=".cg"), own)
     else:
@@ -326,6 +326,8 @@ def _selection_kernel(
         pending = pending & (tiles != t)
         offs = start + t * BLOCK + lane_offs
         valid = offs < end
+        if RESNAP and publish:  # a later snapshot of the slots, loaded beside the tile: a floor at least as high
+            floor = tl.maximum(floor, _kth_largest(tl.maximum(tl.load(slots_ptr + lanes, cache_modifier=".cg"), own), K))
         if start + (t + 1) * BLOCK <= end:  # a whole tile: unmasked, so 16-byte loads (from L1 or L2)
             x = tl.load(row_ptr + offs).to(tl.float32)
         else:
