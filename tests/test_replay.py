@@ -535,6 +535,104 @@ def test_dynamic_shapes_record_again_for_other_sizes():
     assert recorder.captured and (4, 8) in shapes and (3, 8) not in shapes  # recorded again for batch 4 at the end
 
 
+class _Request:
+    def __init__(self, first: bool) -> None:
+        self.first = first  # a request's first draft step (its worker clears it)
+
+
+def _first_step_once(x, request):
+    if request.first:
+        request.first = False  # a store: this entry's calls stay on the Dynamo path
+        return (x * 10).argmax(-1)
+    return (x * -1).argmax(-1)
+
+
+def test_a_replay_pairs_the_entry_that_ran_with_its_recording():
+    """A draft that clears a flag its guards read runs the flag's entry, and after the call its arguments
+    pass the other entry's guards: the Replay must not pair those guards with this call's recording."""
+    compiled = draftfuse.draft_loop(_first_step_once)
+    x = torch.tensor([[1.0, 2.0, 3.0]])
+    for flag in [True, False, False, True, False, False, True, False]:
+        assert compiled(x, _Request(flag)).item() == _first_step_once(x, _Request(flag)).item(), flag
+
+
+def test_a_store_to_an_enclosing_function_s_variable_is_not_skipped():
+    """A worker keeping its last hidden state in a closure variable (`nonlocal`): Dynamo's code stores it
+    after the graph, so the draft has a side effect and keeps to the Dynamo path."""
+    last = {}
+
+    def make_worker():
+        last_hidden = None
+
+        def step(hidden, w):
+            nonlocal last_hidden
+            out = torch.tanh(hidden @ w)
+            last_hidden = out
+            return torch.softmax(out, -1).argmax(-1)
+
+        last["read"] = lambda: last_hidden
+        return step
+
+    compiled = draftfuse.draft_loop(make_worker())
+    w = torch.randn(8, 8)
+    for _ in range(4):
+        hidden = torch.randn(2, 8)
+        compiled(hidden, w)
+        assert torch.allclose(last["read"](), torch.tanh(hidden @ w))
+    assert not compiled._replays
+
+
+def _nested_value(x, cfg, batch):
+    return (x * 2).argmax(-1), cfg["meta"]["num_tokens"], batch[1][0]
+
+
+def test_a_value_returned_from_inside_nested_arguments_is_the_call_s_own():
+    """Dynamo returns cfg["meta"]["num_tokens"] as it finds it, with no guard on it: a replay returns the
+    call's value too, not the recorded call's as a constant."""
+    compiled = draftfuse.draft_loop(_nested_value)
+    x = torch.randn(2, 5)
+    for n in [4, 4, 4, 7, 9]:
+        _, num_tokens, first = compiled(x, {"meta": {"num_tokens": n}}, [x, (n + 1,)])
+        assert (num_tokens, first) == (n, n + 1)
+
+
+class _Bias:
+    def __init__(self, value) -> None:
+        self.bias = value
+
+
+def _attribute_value(x, state, meta):
+    return x + state.bias, meta.bias  # one name: a graph input's attribute, and a Python value returned
+
+
+def test_an_attribute_returned_as_found_is_the_call_s_own():
+    """Dynamo reads meta.bias anew on each call to return it (no guard on it); the read shares its name
+    with a graph input's source (state.bias), which must not let the draft replay it as a constant."""
+    compiled = draftfuse.draft_loop(_attribute_value)
+    x, state = torch.randn(3), _Bias(torch.ones(3))
+    for n in [4, 4, 4, 7, 9]:
+        assert compiled(x, state, _Bias(n))[1] == n
+
+
+def _with_keyword_default(x, *, steps=2):
+    for _ in range(steps):
+        x = torch.tanh(x)
+    return x
+
+
+def test_defaults_changed_after_compiling_are_read_per_call():
+    compiled = draftfuse.draft_loop(_with_keyword_default)
+    x = torch.tensor([[1.0, -3.0, 2.0]])
+    saved = dict(_with_keyword_default.__kwdefaults__)
+    try:
+        for _ in range(3):
+            compiled(x)
+        _with_keyword_default.__kwdefaults__["steps"] = 5
+        assert torch.allclose(compiled(x), _with_keyword_default(x))
+    finally:
+        _with_keyword_default.__kwdefaults__.update(saved)
+
+
 class _SimulatedCudaGraph:
     """A stand-in for torch.cuda.CUDAGraph on a CPU, with its semantics for GraphRecorder: the capture
     records the region's call on the tensors it was captured with; a replay reads those tensors' memory

@@ -54,6 +54,7 @@ from collections.abc import Callable
 from typing import Any
 
 import torch
+import torch._dynamo.eval_frame
 from torch.utils._pytree import tree_map
 
 from draftfuse.graph.values import user_frame, user_location
@@ -137,6 +138,7 @@ class DraftLoop:
         self._recorders: list[tuple[GraphRecorder, list[torch.fx.Node]]] = []  # with the graph's placeholders
         self._signatures: list[dict[str, str]] = []  # the arguments that led to each compile
         self._current_call: tuple[tuple, dict] | None = None
+        self._entry_run: tuple[set, Any] = (set(), None)  # _entry_to_run of the call through Dynamo in progress
         self._warned_cpu = self._warn_cpu = False
 
     # ---- methods: one draft per instance, stored under the attribute's name ----
@@ -190,6 +192,7 @@ class DraftLoop:
 
     def _call_through_dynamo(self, args: tuple, kwargs: dict) -> Any:
         self._current_call = (args, kwargs)
+        self._entry_run = self._entry_to_run(args, kwargs)  # before the call: the draft may change what guards read
         try:
             span = torch.profiler.record_function(self._span) if torch.autograd._profiler_enabled() else contextlib.nullcontext()
             limit = torch._dynamo.config.recompile_limit
@@ -212,17 +215,26 @@ class DraftLoop:
         if self._warn_cpu:
             self._warn_cpu = False
             warnings.warn(_CPU_WARNING.format(name=getattr(self._fn, "__qualname__", ""), mode=self._options.mode), stacklevel=user_frame()[1])
-        self._record_replay(args, kwargs, out)
+        self._record_replay(args, kwargs, out, self._entry_run)
         if self._zero_copy:
             return out
         arguments = {id(v) for _, v in argument_leaves({**dict(enumerate(args)), **kwargs}, object)}  # as Replay.run passes them
         return tree_map(lambda t: t.clone() if isinstance(t, torch.Tensor) and id(t) not in arguments else t, out,
                         is_leaf=lambda x: isinstance(x, (list, tuple, dict)) and id(x) in arguments)
 
-    def _record_replay(self, args: tuple, kwargs: dict, out: Any) -> None:
+    def _entry_to_run(self, args: tuple, kwargs: dict) -> tuple[set, Any]:
+        """(the compiled code of each cache entry of the draft's code, that of the entry Dynamo will run for
+        this call: the first whose guards pass, or None when it compiles a new one), before the call."""
+        f_locals = self._bind(args, kwargs)
+        entries = torch._dynamo.eval_frame._debug_get_cache_entry_list(self._code_fn.__code__)
+        with torch.no_grad():  # as the call runs
+            first = next((e.code for e in entries if _passes(e, f_locals)), None)
+        return {e.code for e in entries}, first
+
+    def _record_replay(self, args: tuple, kwargs: dict, out: Any, entry_run: tuple[set, Any]) -> None:
         """After a call through Dynamo, record it as a Replay where that is sound (replay.py)."""
         try:
-            self._build_replay(args, kwargs, out)
+            self._build_replay(args, kwargs, out, entry_run)
         finally:
             self._forget_call()
 
@@ -233,7 +245,7 @@ class DraftLoop:
             recorder.last_call_inputs = ()
             recorder.last_seen = recorder.calls
 
-    def _build_replay(self, args: tuple, kwargs: dict, out: Any) -> None:
+    def _build_replay(self, args: tuple, kwargs: dict, out: Any, entry_run: tuple[set, Any]) -> None:
         self._replays = [r for r in self._replays if not r.stale]
         # the recorder this call ran: the one whose count moved; it must have captured, and have no Replay yet
         ran = [(r, p) for r, p in self._recorders if r.calls == r.last_seen + 1]  # (last_seen: see _forget_call)
@@ -243,13 +255,18 @@ class DraftLoop:
         if recorder.refused == recorder.generation:
             return  # this recording cannot run without Dynamo (the log said why): do not ask again
         recorder.refused = recorder.generation
-        from torch._dynamo.eval_frame import _debug_get_cache_entry_list
-
+        # The entry that ran: the one whose guards passed before the call, else the one this call compiled. Its
+        # guards must pass after the call too: a draft that changes what they read (a flag it clears) would
+        # otherwise leave a Replay whose guards describe one call and whose recording another.
+        before, ran = entry_run
+        entries = torch._dynamo.eval_frame._debug_get_cache_entry_list(self._code_fn.__code__)
+        new = [e for e in entries if e.code not in before]
+        entry = next((e for e in entries if e.code is ran), None) if ran is not None else new[0] if len(new) == 1 else None
         f_locals = self._bind(args, kwargs)
-        with torch.no_grad():  # as the call ran; Dynamo ran the first entry whose guards pass
-            entry = next((e for e in _debug_get_cache_entry_list(self._code_fn.__code__) if _passes(e, f_locals)), None)
-        if entry is None:  # own_code gives the draft a frame of its own: should torch.compile still run it inside another
-            warn_no_fast_replay("no compiled entry of the draft's code passes its guards for this call's arguments as they are after "
+        with torch.no_grad():  # as the call ran
+            passes = entry is not None and _passes(entry, f_locals)
+        if not passes:  # own_code gives the draft a frame of its own: should torch.compile still run it inside another
+            warn_no_fast_replay("the compiled entry that ran does not pass its guards for this call's arguments as they are after "
                                 "the call (the draft changed what they read: an argument or attribute it mutates), or torch.compile "
                                 "ran the draft inside a wrapper frame")
             return
@@ -391,8 +408,9 @@ def _binder(fn: Callable[..., Any], code_fn: Callable[..., Any]) -> Callable[[tu
     free = dict(zip(code.co_freevars, closure)) if code is not None else {}
     names = list(signature.parameters)
     if any(name.startswith("__") or not name.isidentifier() for name in [*names, *free]):
-        return _binder_by_signature(signature, free)  # names the generated code could not use as they are
+        return _binder_by_signature(code_fn, free)  # names the generated code could not use as they are (slower)
     defaults = {n: p.default for n, p in signature.parameters.items() if p.default is not inspect.Parameter.empty}
+    owner = getattr(code_fn, "__func__", code_fn)  # whose defaults a call reads (they may be changed after this)
     plain = signature.replace(
         parameters=[p.replace(annotation=inspect.Parameter.empty, default=_Default(n) if n in defaults else p.default) for n, p in signature.parameters.items()],
         return_annotation=inspect.Signature.empty,
@@ -401,6 +419,8 @@ def _binder(fn: Callable[..., Any], code_fn: Callable[..., Any]) -> Callable[[tu
         f"def __locals{plain}:",
         f"    return {{{', '.join(f'{n!r}: {n}' for n in names)}}}",
         "def bind(__args, __kwargs):",
+        *(["    __locals.__defaults__, __locals.__kwdefaults__ = __fn.__defaults__, __fn.__kwdefaults__  # as they are now"]
+          if isinstance(owner, types.FunctionType) else []),
         "    try:",
         "        __f = __locals(*__args, **__kwargs)",
         "    except TypeError:",
@@ -408,7 +428,7 @@ def _binder(fn: Callable[..., Any], code_fn: Callable[..., Any]) -> Callable[[tu
         *[f"    __f[{n!r}] = __cells[{n!r}].cell_contents" for n in free],
         "    return __f",
     ])  # fmt: skip
-    scope = {"__defaults": defaults, "__cells": free}
+    scope = {"__defaults": defaults, "__cells": free, "__fn": owner}
     exec(compile(source, f"<draftfuse binder of {getattr(fn, '__qualname__', 'a draft')}>", "exec"), scope)
     bind = scope["bind"]
 
@@ -421,10 +441,10 @@ def _binder(fn: Callable[..., Any], code_fn: Callable[..., Any]) -> Callable[[tu
     return bind_or_none if free else bind
 
 
-def _binder_by_signature(signature: inspect.Signature, free: dict[str, Any]) -> Callable[[tuple, dict], dict[str, Any] | None]:
+def _binder_by_signature(code_fn: Callable[..., Any], free: dict[str, Any]) -> Callable[[tuple, dict], dict[str, Any] | None]:
     def bind(args: tuple, kwargs: dict) -> dict[str, Any] | None:
         try:
-            bound = signature.bind(*args, **kwargs)
+            bound = inspect.signature(code_fn, follow_wrapped=False).bind(*args, **kwargs)  # its defaults as they are now
             bound.apply_defaults()
             f_locals = dict(bound.arguments)
             for name, cell in free.items():

@@ -18,17 +18,21 @@ parts:
     rebuilds the return value as Dynamo's code did: graph outputs, the call's own arguments (objects and
     containers returned as they are), and constants.
 A Replay is built only where it is sound: Dynamo's code for the frame must do nothing but call the
-graph (no attribute or item stores, no other calls: a side effect would be skipped), every non-static
-graph input must be found from the call's arguments by its Dynamo source, and every returned value
-must be a graph output, an argument, or a Python constant the guards pin (one passed through from an
-argument that no guard holds is not: Dynamo returns it as it comes). Anything else keeps the draft on
+graph (no attribute, item or enclosing-variable stores, no other calls: a side effect would be skipped),
+every non-static graph input must be found from the call's arguments by its Dynamo source, and every
+returned value must be a graph output, an argument, or a Python constant the guards pin (one passed
+through from an argument, at any depth of its tuples, lists and dicts, that no guard holds is not:
+Dynamo returns it as it comes). Its guards are those of the cache entry that ran (the one whose guards
+passed before the call, or the one it compiled), which must pass after the call too (draft_loop.py). Anything else keeps the draft on
 the Dynamo path, which is always correct. When any guard fails, the call takes the Dynamo path, which
 recompiles (or raises RecompileError past max_compiles) and records a new Replay.
 """
 
 from __future__ import annotations
 
+import collections
 import dis
+import inspect
 import operator
 import re
 import warnings
@@ -59,17 +63,52 @@ def warn_no_fast_replay(why: str) -> None:
 
 
 def _impure_instruction(code: Any, fetched: set[str]) -> str:
-    """What in Dynamo's code for a frame does more than fetch the graph's inputs (attributes named in
-    their sources, `fetched`), call the compiled graph and build the return value ("" if nothing): a
-    store, or a load of anything else (which it could call, or return as it finds it then)."""
-    for instruction in dis.get_instructions(code):
-        if instruction.opname in _SIDE_EFFECT_OPS:
-            return f"a side effect ({instruction.opname} {instruction.argval})"
-        if instruction.opname in ("LOAD_GLOBAL", "LOAD_NAME", "LOAD_ATTR", "LOAD_METHOD"):
-            name = str(instruction.argval)
-            if not (name.startswith(_ALLOWED_NAMES) or instruction.opname == "LOAD_ATTR" and name in _FUNCTION_READS
-                    or instruction.opname in ("LOAD_ATTR", "LOAD_METHOD") and name in fetched):
-                return f"a load of {name!r} ({instruction.opname}: a global, or an attribute that is no graph input)"
+    """What in Dynamo's code for a frame does more than fetch the graph's inputs (`fetched`: their sources,
+    such as L['head']._modules['proj']._parameters['weight']), call the compiled graph and build the return
+    value ("" if nothing): a store, or a load of anything else (which it could call, or return as it finds
+    it then). An attribute read off an argument must lie on the way to a graph input's source: Dynamo reads
+    meta.n anew on each call to return it, which a Replay would return as the recorded call's."""
+    chain = None  # the source that the value on top of the stack was read from, while it is an argument's
+    instructions = list(dis.get_instructions(code))
+    count = code.co_argcount + code.co_kwonlyargcount + bool(code.co_flags & inspect.CO_VARARGS) + bool(code.co_flags & inspect.CO_VARKEYWORDS)
+    arguments = {*code.co_varnames[:count], *code.co_freevars}  # the frame's locals as the guards see them
+    held: dict[str, str] = {}  # temporaries holding a read of an argument: their sources
+    copied = None
+    for i, instruction in enumerate(instructions):
+        op, arg = instruction.opname, instruction.argval
+        if op.startswith("LOAD_FAST"):  # LOAD_FAST_CHECK, LOAD_FAST_LOAD_FAST (Python 3.13: the last is on top)
+            op, arg = "LOAD_FAST", arg[-1] if isinstance(arg, tuple) else arg
+        if op in _SIDE_EFFECT_OPS:
+            return f"a side effect ({op} {arg})"
+        if op in ("STORE_DEREF", "DELETE_DEREF") and arg in code.co_freevars:
+            return f"a side effect ({op} {arg}: a variable of an enclosing function)"
+        if op in ("LOAD_FAST", "LOAD_DEREF") and arg in arguments:
+            chain = f"L[{arg!r}]"
+            continue
+        if op == "LOAD_FAST" and arg in held:  # a temporary Dynamo keeps a read in (COPY 1, STORE_FAST tmp_3)
+            chain = held[arg]
+            continue
+        if chain is not None and op == "COPY" and arg == 1:
+            copied = chain
+            continue
+        if op == "STORE_FAST" and copied is not None:
+            held[arg], chain, copied = copied, copied, None
+            continue
+        if chain is not None and op == "LOAD_CONST" and i + 1 < len(instructions) and instructions[i + 1].opname == "BINARY_SUBSCR":
+            chain += f"[{arg!r}]"
+            continue
+        if chain is not None and op == "BINARY_SUBSCR":
+            continue
+        if chain is not None and op in ("LOAD_ATTR", "LOAD_METHOD") and arg not in _FUNCTION_READS:
+            chain += f".{arg}"
+            if not any(source == chain or source.startswith((chain + ".", chain + "[")) for source in fetched):
+                return f"a read of {chain} that is no graph input's source (returned as it is found then)"
+            continue
+        chain = copied = None
+        if op in ("LOAD_GLOBAL", "LOAD_NAME", "LOAD_ATTR", "LOAD_METHOD"):
+            name = str(arg)
+            if not (name.startswith(_ALLOWED_NAMES) or op == "LOAD_ATTR" and name in _FUNCTION_READS):
+                return f"a load of {name!r} ({op}: a global, or an attribute that is no graph input)"
     return ""
 
 
@@ -204,7 +243,7 @@ class Replay:
 
     @staticmethod
     def _unsound(entry: Any, recorder: GraphRecorder, placeholders: list[Any]) -> str:
-        fetched = {m for p in placeholders for m in re.findall(r"\.(\w+)", source_name(p._dynamo_source))}
+        fetched = {source_name(p._dynamo_source) for p in placeholders}
         if impure := _impure_instruction(entry.code, fetched):
             return f"Dynamo's code for the draft does more than call the graph: {impure}"
         if len(placeholders) != len(recorder.inputs) or len(recorder.last_call_inputs) != len(placeholders):
@@ -220,9 +259,9 @@ class Replay:
         also an argument is kept only if the guards pin that argument: Dynamo passes an unguarded one
         through as it comes, and a constant equal to it cannot be told apart from it."""
         graph_outputs = {id(t): i for i, t in enumerate(tree_flatten(recorder.outputs)[0]) if isinstance(t, torch.Tensor)}
-        paths: dict[int, list[tuple]] = {}
-        for path, value in argument_leaves(f_locals, object):
-            paths.setdefault(id(value), []).append(path)
+        paths = _argument_paths(f_locals)  # at any depth: Dynamo returns cfg["meta"]["n"] as it finds it, unguarded
+        if paths is None:
+            return "the arguments hold too many values to tell the returned ones apart from them"
         # a container that is an argument stays one leaf: the call's own list, not a new one
         leaves, spec = tree_flatten(output, is_leaf=lambda x: isinstance(x, (list, tuple, dict)) and id(x) in paths)
         plan = []
@@ -295,6 +334,21 @@ def argument_leaves(f_locals: dict[Any, Any], kind: type | tuple[type, ...] = to
         elif isinstance(value, dict):
             found += [((name, k), v) for k, v in value.items() if isinstance(v, kind)]
     return found
+
+
+def _argument_paths(f_locals: dict[str, Any], most: int = 100_000) -> dict[int, list[tuple]] | None:
+    """id -> the paths (shallowest first) of every value in a call's arguments, through tuples, lists and
+    dicts at any depth (each container walked once); None past `most` values."""
+    found: dict[int, list[tuple]] = {}
+    queue, walked = collections.deque(((name,), value) for name, value in f_locals.items()), set()
+    while queue and most > 0:
+        path, value = queue.popleft()
+        most -= 1
+        found.setdefault(id(value), []).append(path)
+        if isinstance(value, (tuple, list, dict)) and id(value) not in walked:
+            walked.add(id(value))
+            queue.extend(((*path, key), item) for key, item in (value.items() if isinstance(value, dict) else enumerate(value)))
+    return None if queue else found
 
 
 def _follow(f_locals: dict[str, Any], path: tuple) -> Any:
