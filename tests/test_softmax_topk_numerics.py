@@ -139,3 +139,44 @@ def test_documented_rounding_tie_in_bf16():
     assert probs[0, 2] == probs[0, 6]  # the tie is made by rounding
     assert want_index.item() == 2 and got_index.item() == 6
     assert torch.equal(got_values, want_values)  # same probability either way
+
+
+@pytest.mark.parametrize("spelling", ["method", "function"])
+def test_argmax_without_a_dim_is_over_the_flattened_probabilities(spelling):
+    """`p.argmax()` has no dim: one index into the flattened tensor, no selection along the last dim."""
+    def f(x):
+        p = torch.softmax(x, -1)
+        return p.argmax() if spelling == "method" else torch.argmax(p)
+
+    x = torch.stack([torch.randperm(97, generator=torch.Generator().manual_seed(row)).float() * 0.37 - 10 for row in range(4)])
+    result = rewrite_softmax_topk(dynamo_graph(f, x))
+    assert result.report.rewrites == [] and result.report.refusals == [], str(result.report)
+    torch._dynamo.reset()
+    got = torch.compile(f, backend="draftfuse")(x)
+    assert got.shape == () and torch.equal(got, f(x))
+
+
+def test_a_flat_argmax_is_not_taken_for_a_last_dim_index():
+    """The index range of `x.argmax()` is the whole tensor's: a clamp to the last dim's size is real
+    (the setup merge must not prove it away)."""
+    def f(x):
+        return (x.argmax().clamp(max=49),)
+
+    x = torch.zeros(4, 50)
+    x[3, 7] = 5.0  # the maximum in the last row: flat index 157
+    torch._dynamo.reset()
+    assert torch.compile(f, backend="draftfuse")(x)[0].item() == 49
+
+
+@pytest.mark.parametrize("upcast", ["bf16 softmax, float()", "half(), float()"])
+def test_probabilities_rounded_to_half_then_upcast_are_named_and_kept(upcast):
+    """Probabilities rounded to fp16/bf16 and read after an upcast tie by rounding as half ones do: the
+    report names them, and half_probs="keep" leaves them as written."""
+    if upcast == "bf16 softmax, float()":
+        x, f = torch.randn(4, 64).to(torch.bfloat16), lambda x: torch.softmax(x, -1).float().topk(1)
+    else:
+        x, f = torch.randn(4, 64), lambda x: torch.softmax(x, -1).half().float().topk(1)
+    rewritten = rewrite_softmax_topk(dynamo_graph(f, x)).report
+    assert len(rewritten.rewrites) == 1 and "probabilities: a rounding tie picks the larger logit" in rewritten.rewrites[0].detail
+    kept = rewrite_softmax_topk(dynamo_graph(f, x), half_probs="keep").report
+    assert kept.rewrites == [] and "half_probs=\"keep\"" in kept.refusals[0].reason

@@ -107,9 +107,9 @@ def as_selection(node: Node) -> Selection | None:
         return None
     if kind in ("max", "min") and ("dim" not in bound or isinstance(bound["dim"], Node)):
         return None  # a full reduction, or torch.max(a, b) elementwise
+    if kind in ("argmax", "argmin") and bound.get("dim") is None:
+        return None  # argmax over the flattened tensor (its dim defaults to None, not to the last)
     get = lambda name: bound.get(name, _DEFAULTS.get(name))  # noqa: E731
-    if kind in ("argmax", "argmin") and get("dim") is None:
-        return None  # argmax over the flattened tensor
     return Selection(
         node=node, kind=kind, input=bound["input"], dim=get("dim"), k=bound.get("k", 1),
         largest=get("largest") if kind == "topk" else kind in ("max", "argmax"),

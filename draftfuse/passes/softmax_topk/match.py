@@ -148,8 +148,8 @@ class Match:
     logits: Node  # what the indices are taken from (upcasts and temperature peeled)
     prob_dtype: torch.dtype  # dtype of the softmax's value
     prob_casts: list[torch.dtype]  # casts between softmax and selection, in order
-    read_dtype: torch.dtype  # the dtype of the probabilities the selection reads
-    half: bool  # the selection reads fp16/bf16 probabilities
+    read_dtype: torch.dtype  # the dtype of the probabilities the selection reads (the half one they were rounded to)
+    half: bool  # the selection reads probabilities rounded to fp16/bf16 on the way (upcast after or not)
     matched: list[Node]  # nodes of the original pattern, for the report and clean-up
     peeled: list[Node]  # the casts and temperatures looked through from the softmax back to the logits
     factor: float = 1.0  # the constant temperature factors, multiplied
@@ -410,11 +410,13 @@ def match(sel: Selection, level: str, effects: Effects) -> Match | None:
             f"torch {torch.__version__}'s Inductor can compute a topk over a dim other than the last from the "
             f"logits as written later (here by {_describe(written[0])}); torch 2.13 does not"
         )
-    read_dtype = casts[-1] if casts else probs_value.dtype
+    # rounded to fp16/bf16 anywhere between the softmax and the selection (softmax(x_bf16).float() too)
+    rounded = next((d for d in (probs_value.dtype, *casts) if d in HALF), None)
+    read_dtype = rounded or (casts[-1] if casts else probs_value.dtype)
     return Match(
         selection=sel, softmax=softmax, dim=sel_dim, k=k, logits=logits,
         factor=factor * softmax.scale, tensor_scale=tensor,
-        prob_dtype=probs_value.dtype, prob_casts=casts, read_dtype=read_dtype, half=read_dtype in HALF,
+        prob_dtype=probs_value.dtype, prob_casts=casts, read_dtype=read_dtype, half=rounded is not None,
         matched=[sel.node, *cast_nodes, probs_node, *peeled], peeled=peeled,
     )  # fmt: skip
 
