@@ -614,6 +614,48 @@ def test_an_attribute_returned_as_found_is_the_call_s_own():
         assert compiled(x, state, _Bias(n))[1] == n
 
 
+def _aliased_outputs(hidden, w):
+    logits = torch.tanh(hidden @ w)
+    return logits, logits[:, :4], hidden, hidden  # a view of an output, and one tensor twice
+
+
+def test_outputs_alias_one_another_as_in_eager_on_every_path():
+    """Copies made for the caller (the Dynamo path's, and a replay's when its outputs are still held)
+    keep the outputs' aliasing: a write to one shows in its view, and a tensor returned twice is one."""
+    compiled = draftfuse.draft_loop(_aliased_outputs)
+    w, kept = torch.randn(8, 8), []
+    for _ in range(5):
+        hidden = torch.randn(2, 8)
+        logits, head, h1, h2 = compiled(hidden, w)
+        kept.append(logits)  # held: later calls must copy theirs
+        assert h1 is h2 is hidden and torch.allclose(logits, torch.tanh(hidden @ w))
+        logits.zero_()
+        assert torch.equal(head, torch.zeros(2, 4)), "the view shares the output's memory"
+
+
+class _CacheHolder(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.register_buffer("kv", torch.zeros(6, 8))
+
+    def forward(self, hidden, position, caches):
+        caches[0][0].index_copy_(0, position, hidden[:1])
+        self.kv.index_copy_(0, position, hidden[:1])
+        return torch.softmax(hidden, -1).argmax(-1), caches[0][0], self.kv
+
+
+def test_a_returned_cache_is_the_caller_s_own_tensor():
+    """A cache returned from inside nested argument lists or off a module attribute is the tensor
+    itself, as in eager: neither copied on the Dynamo path nor refused a replay."""
+    holder = _CacheHolder()
+    compiled = draftfuse.draft_loop(holder)
+    caches = [[torch.zeros(6, 8), torch.zeros(6, 8)]]
+    for step in range(4):
+        _, nested, attribute = compiled(torch.randn(2, 8), torch.tensor([step]), caches)
+        assert nested is caches[0][0] and attribute is holder.kv, step
+    assert compiled._replays
+
+
 def _with_keyword_default(x, *, steps=2):
     for _ in range(steps):
         x = torch.tanh(x)

@@ -55,15 +55,15 @@ from typing import Any
 
 import torch
 import torch._dynamo.eval_frame
-from torch.utils._pytree import tree_map
+from torch.utils._pytree import tree_flatten, tree_unflatten
 
 from draftfuse.graph.values import user_frame, user_location
 from draftfuse.options import Options
 from draftfuse.runtime import checks, translate
 from draftfuse.runtime.errors import DraftCaptureError, RecompileError
 from draftfuse.runtime.pipeline import CompileRecord, lower, prepare
-from draftfuse.runtime.recorder import GraphRecorder, log
-from draftfuse.runtime.replay import Replay, argument_leaves, warn_no_fast_replay
+from draftfuse.runtime.recorder import GraphRecorder, caller_copies, log
+from draftfuse.runtime.replay import Replay, argument_paths, warn_no_fast_replay
 
 _CPU_WARNING = (
     "draftfuse: draft {name!r} runs on the CPU: it is compiled, but CUDA graphs need a CUDA device, "
@@ -215,12 +215,17 @@ class DraftLoop:
         if self._warn_cpu:
             self._warn_cpu = False
             warnings.warn(_CPU_WARNING.format(name=getattr(self._fn, "__qualname__", ""), mode=self._options.mode), stacklevel=user_frame()[1])
+        # returned as they are, as a Replay returns them: the call's own arguments (at any depth of their
+        # tuples, lists and dicts) and the tensors the graph read (a KV cache attribute, say)
+        own = set(argument_paths({**dict(enumerate(args)), **kwargs}) or ()) | {id(v) for r, _ in self._recorders for v in r.last_call_inputs}
         self._record_replay(args, kwargs, out, self._entry_run)
         if self._zero_copy:
             return out
-        arguments = {id(v) for _, v in argument_leaves({**dict(enumerate(args)), **kwargs}, object)}  # as Replay.run passes them
-        return tree_map(lambda t: t.clone() if isinstance(t, torch.Tensor) and id(t) not in arguments else t, out,
-                        is_leaf=lambda x: isinstance(x, (list, tuple, dict)) and id(x) in arguments)
+        leaves, spec = tree_flatten(out, is_leaf=lambda x: isinstance(x, (list, tuple, dict)) and id(x) in own)
+        copied = [i for i, t in enumerate(leaves) if isinstance(t, torch.Tensor) and id(t) not in own]
+        for i, copy in zip(copied, caller_copies([leaves[i] for i in copied])):
+            leaves[i] = copy
+        return tree_unflatten(leaves, spec)
 
     def _entry_to_run(self, args: tuple, kwargs: dict) -> tuple[set, Any]:
         """(the compiled code of each cache entry of the draft's code, that of the entry Dynamo will run for

@@ -131,11 +131,8 @@ class GraphRecorder:
         else:
             self.replay(sources, in_place)
         outputs = list(self.flat_outputs())
-        if kept:
-            copies = [torch.empty_like(outputs[i]) for i in kept]
-            torch._foreach_copy_(copies, [outputs[i] for i in kept])
-            for i, copy in zip(kept, copies):
-                outputs[i] = copy
+        for i, copy in zip(kept, caller_copies([outputs[i] for i in kept])):
+            outputs[i] = copy
         return outputs
 
     def _bring(self, sources: Sequence[torch.Tensor], in_place: bool = False) -> None:
@@ -263,6 +260,31 @@ class _Spare:
     def retired(self) -> bool:
         """Whether an output storage moved (a caller's resize_): the spare never replays again."""
         return [s.data_ptr() for s in self.storages] != [pointer for _, _, pointer in self.recorded]
+
+
+def caller_copies(tensors: Sequence[torch.Tensor]) -> list[torch.Tensor]:
+    """Copies of `tensors` that alias one another as they do (a draft returning `h, h` or `logits,
+    logits[:, :4]` gives its caller one tensor twice, or a view of the other): one copy of each storage
+    that several share, the views rebuilt over it; the same copy for the same tensor; otherwise one
+    allocation each and a single copy launch."""
+    shared: dict[tuple, list[torch.Tensor]] = {}
+    for t in tensors:
+        shared.setdefault((t.device, t.untyped_storage().data_ptr()), []).append(t)
+    if len(shared) == len(tensors):  # nothing shared (the usual case): one launch
+        copies = [torch.empty_like(t) for t in tensors]
+        if copies:
+            torch._foreach_copy_(copies, list(tensors))
+        return copies
+    made: dict[int, torch.Tensor] = {}
+    for group in shared.values():
+        distinct = {id(t): t for t in group}
+        if len(distinct) == 1:
+            made[id(group[0])] = group[0].clone()
+            continue
+        storage = group[0].untyped_storage().clone()
+        for t in distinct.values():
+            made[id(t)] = torch.empty(0, dtype=t.dtype, device=t.device).set_(storage, t.storage_offset(), t.shape, t.stride())
+    return [made[id(t)] for t in tensors]
 
 
 def _distinct_storages(tensors: Sequence[Any]) -> list[Any]:

@@ -235,7 +235,8 @@ class Replay:
         fetchers = [_fetcher(placeholders[i], recorder.last_call_inputs[i], scope) for i, _ in recorder.copies]
         if any(f is None for f in fetchers):
             return None
-        template = cls._template(recorder, f_locals, output, nodes)
+        returned_inputs = {id(v): p for p, v in zip(placeholders, recorder.last_call_inputs) if isinstance(v, torch.Tensor)}
+        template = cls._template(recorder, f_locals, output, nodes, returned_inputs, scope)
         if isinstance(template, str):
             warn_no_fast_replay(template)
             return None
@@ -253,13 +254,13 @@ class Replay:
         return ""
 
     @staticmethod
-    def _template(recorder: GraphRecorder, f_locals: dict[str, Any], output: Any, nodes: dict[str, Any]) -> tuple | str:
+    def _template(recorder: GraphRecorder, f_locals: dict[str, Any], output: Any, nodes: dict[str, Any], inputs: dict[int, Any], scope: dict) -> tuple | str:
         """How to rebuild the return value: per leaf a graph output, an argument (the call's own object, by
         its path), or a constant; or why it cannot be rebuilt without Dynamo's code. A Python value that is
         also an argument is kept only if the guards pin that argument: Dynamo passes an unguarded one
         through as it comes, and a constant equal to it cannot be told apart from it."""
         graph_outputs = {id(t): i for i, t in enumerate(tree_flatten(recorder.outputs)[0]) if isinstance(t, torch.Tensor)}
-        paths = _argument_paths(f_locals)  # at any depth: Dynamo returns cfg["meta"]["n"] as it finds it, unguarded
+        paths = argument_paths(f_locals)  # at any depth: Dynamo returns cfg["meta"]["n"] as it finds it, unguarded
         if paths is None:
             return "the arguments hold too many values to tell the returned ones apart from them"
         # a container that is an argument stays one leaf: the call's own list, not a new one
@@ -271,6 +272,10 @@ class Replay:
                 plan.append(("argument", found[0]))  # through): the call's own, as eager returns it, not the recorded call's
             elif isinstance(leaf, torch.Tensor) and id(leaf) in graph_outputs:
                 plan.append(("graph", graph_outputs[id(leaf)]))
+            elif isinstance(leaf, torch.Tensor) and id(leaf) in inputs:  # a tensor the graph read (self.kv): the call's
+                if (fetch := _fetcher(inputs[id(leaf)], leaf, scope)) is None:
+                    return "the draft returns a tensor the graph reads that is not found from the arguments"
+                plan.append(("fetch", fetch))
             elif isinstance(leaf, _PINNED) and all(_pinned(nodes, path) for path in found):
                 plan.append(("constant", leaf))
             elif isinstance(leaf, _PINNED):
@@ -317,26 +322,14 @@ class Replay:
                 values.append(outputs[where])
             elif kind == "argument":
                 values.append(_follow(f_locals, where))
+            elif kind == "fetch":
+                values.append(where(f_locals))
             else:
                 values.append(where)
         return tuple(values) if self.flat_tuple else tree_unflatten(values, self.spec)
 
 
-def argument_leaves(f_locals: dict[Any, Any], kind: type | tuple[type, ...] = torch.Tensor) -> list[tuple[tuple, Any]]:
-    """(path, value) for the values of `kind` among a call's arguments (by name or position), at most one
-    level into lists, tuples and dicts."""
-    found = []
-    for name, value in f_locals.items():
-        if isinstance(value, kind):
-            found.append(((name,), value))
-        if isinstance(value, (tuple, list)):
-            found += [((name, i), v) for i, v in enumerate(value) if isinstance(v, kind)]
-        elif isinstance(value, dict):
-            found += [((name, k), v) for k, v in value.items() if isinstance(v, kind)]
-    return found
-
-
-def _argument_paths(f_locals: dict[str, Any], most: int = 100_000) -> dict[int, list[tuple]] | None:
+def argument_paths(f_locals: dict[str, Any], most: int = 100_000) -> dict[int, list[tuple]] | None:
     """id -> the paths (shallowest first) of every value in a call's arguments, through tuples, lists and
     dicts at any depth (each container walked once); None past `most` values."""
     found: dict[int, list[tuple]] = {}
