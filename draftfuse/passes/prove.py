@@ -145,17 +145,17 @@ class Expressions:
             if length is None or start is None:
                 return None
             low, high = bound(start, self.ranges), bound(start + length - 1, self.ranges)
-            return ValueRanges(low.lower, high.upper) if low is not None and high is not None else None
+            return self._fitting(node, low, high)
         if target in (aten.arange.default, aten.arange.start) and not node.kwargs.get("step"):
             start, end = (0, node.args[0]) if target is aten.arange.default else node.args[:2]
             start, end = self._scalar(start), self._scalar(end)
             if start is None or end is None:
                 return None
             low, high = bound(start, self.ranges), bound(end - 1, self.ranges)
-            return ValueRanges(low.lower, high.upper) if low is not None and high is not None else None
+            return self._fitting(node, low, high)
         if target in _REARRANGE and isinstance(node.args[0], Node):
-            source = self.of(node.args[0])
-            return bound(source, self.ranges) if source is not None else None
+            source = self.of(node.args[0])  # its values, unless they wrapped (a narrowing cast before the view)
+            return bound(source, self.ranges) if source is not None and self.exact(node.args[0]) else None
         chooser = node.args[0] if node.target is operator.getitem else node
         selection = as_selection(chooser) if isinstance(chooser, Node) else None
         if selection is None or (node.target is operator.getitem and node.args[1] != selection.index_item):
@@ -167,6 +167,15 @@ class Expressions:
         size = size.node.expr if isinstance(size, torch.SymInt) else sympy.Integer(size)
         upper = bound(size - 1, self.ranges)
         return ValueRanges(0, upper.upper) if upper is not None else None
+
+    @staticmethod
+    def _fitting(node: Node, low: ValueRanges | None, high: ValueRanges | None) -> ValueRanges | None:
+        """[low, high] of a counting producer (arange, iota), if it fits the node's dtype: past it the
+        values wrap (arange(200, dtype=int8) holds -56 .. -1 too), and only the dtype's range holds."""
+        if low is None or high is None:
+            return None
+        found, value = ValueRanges(low.lower, high.upper), fake(node)
+        return found if value is not None and found.issubset(dtype_range(value.dtype)) else None
 
     def _scalar(self, arg: Any) -> sympy.Expr | None:
         if isinstance(arg, bool):

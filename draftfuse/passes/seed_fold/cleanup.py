@@ -282,6 +282,16 @@ def _is_fresh_allocation(effects: Effects, buffer: Node) -> bool:
     return bool(mine) and not any(effects.memory(n) & mine for n, p in effects.order.items() if p < position)
 
 
+# readers of a tensor's storage rather than of its elements: a buffer forwarded to its source (another
+# storage, another offset) would make them read elsewhere
+_BY_STORAGE = {"as_strided", "as_strided_", "as_strided_scatter", "set_", "storage_offset", "untyped_storage", "data_ptr"}
+
+
+def _name(node: Node) -> str:
+    target = node.target
+    return target if isinstance(target, str) else getattr(target, "__name__", str(target)).split(".")[0]
+
+
 def why_not_forward(effects: Effects, buffer: Node, source: Node, fill: Node, caller_buffer: bool) -> str | None:
     position = effects.order[fill]
     buffer_value, source_value = fake_tensor(buffer), fake_tensor(source)
@@ -292,6 +302,9 @@ def why_not_forward(effects: Effects, buffer: Node, source: Node, fill: Node, ca
     views = [n for n, p in effects.order.items() if p < position and n is not buffer and effects.memory(n) & effects.memory(buffer)]
     if any(effects.order.get(u, 0) > position for v in views for u in v.users):
         return f"a view of {buffer.name} taken before the fill is read after it"
+    aliases = [n for n in effects.order if n is buffer or effects.memory(n) & effects.memory(buffer)]
+    if reader := next((u for n in aliases for u in n.users if _name(u) in _BY_STORAGE), None):
+        return f"{reader.name} reads {buffer.name} by its storage ({_name(reader)}), where the source's offset and extent differ"
     if not caller_buffer and any(effects.order[u] < position for u in buffer.users):
         return f"{buffer.name} is used before it is filled"
     if effects.writers([buffer], fill):
