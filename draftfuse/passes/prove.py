@@ -18,8 +18,9 @@ symbol. Integer tensors wrap around in their dtype, so an expression E of a node
     for the element at the same index. There is no equality from printing: each leaf is its own symbol.
 Symbolic sizes are int64. The proof compares expressions of two nodes of the same dtype only.
 
-Ranges come from dtypes, the ShapeEnv (symbolic sizes), producers (`arange(start, end)`; indices chosen
-along a dim of size n are in [0, n - 1]; a view or copy has its source's range), and the caller
+Ranges come from dtypes, the ShapeEnv (symbolic sizes), producers (`arange(start, end)` when it fits its
+dtype; indices chosen along a dim of size n are in [0, n - 1]; a view or copy has its source's range when
+the source fits its dtype, not after a narrowing cast), and the caller
 (`draftfuse::assume_range` on an input, which fold() puts there for `value_ranges`).
 
 `prove_equal(a, b, ranges)`: first decide each max/min/modulo/floor division the ranges decide
