@@ -223,6 +223,16 @@ def run_interpreter_cases(dtype: torch.dtype) -> list[str]:
             _selection._run_kernels(logits, k, False, prob, index, s)
             if problem := check_selection(logits, k, False, prob, index, s):
                 failures.append(f"{dtype}, 3-d logits, k={k}: {problem}")
+        # float32 scales that are views with a row stride other than 1: a column of a table of temperatures
+        # (stride 2) and one temperature expanded to every row (stride 0); the kernel reads row * 1
+        x = special_rows(600, dtype)
+        table = torch.stack([special_scales(10), torch.full((10,), 100.0)], 1)
+        for name, s in (("strided", table[:, 0]), ("expanded", torch.tensor([-0.5]).expand(10))):
+            for k in (1, 3):
+                prob, index = torch.empty(10, k), torch.empty(10, k, dtype=torch.int64)
+                _selection._run_kernels(x, k, False, prob, index, s)
+                if problem := check_selection(x, k, False, prob, index, s):
+                    failures.append(f"{dtype}, {name} float32 scale, k={k}: {problem}")
     if dtype == torch.bfloat16:
         # k > 1 with room for only 32 candidates a row: most programs keep some of theirs (the merge
         # reads both); random rows (few past the floor) and special ones (all-equal, all -inf: all past)
@@ -337,6 +347,31 @@ def test_scale_checks():
         with pytest.raises(ValueError, match="scale"):
             torch.ops.draftfuse.argmax_prob(x, False, bad)
     torch.ops.draftfuse.topk_prob(x, 2, False, torch.ones(2, 3, dtype=torch.float64))  # any float dtype
+
+
+def test_wide_logits_are_ranked_in_their_own_precision():
+    """float64 (and integer) logits that float32 would round to a tie keep their order: the index is
+    torch.argmax's, the k largest are the k largest."""
+    x = torch.tensor([[1.0, 1.0 + 1e-12, 0.5]], dtype=torch.float64)
+    assert torch.ops.draftfuse.argmax_prob(x)[0].tolist() == [1] == torch.argmax(x, -1).tolist()
+    assert torch.ops.draftfuse.topk_prob(x, 2)[1].tolist() == [[1, 0]]
+    assert torch.ops.draftfuse.argmax_prob(torch.tensor([[2**25, 2**25 + 1, 0]]))[0].tolist() == [1]
+
+
+def test_fake_implementations_raise_what_the_ops_raise():
+    """Under tracing (FakeTensorMode, the meta kernels) the ops check k and the scale as they do when run."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    with FakeTensorMode():
+        x = torch.empty(2, 10)
+        with pytest.raises(ValueError, match="k=11 out of range"):
+            torch.ops.draftfuse.topk_prob(x, 11)
+        with pytest.raises(ValueError, match="scale must be 0-d or of shape"):
+            torch.ops.draftfuse.argmax_prob(x, False, torch.empty(3))
+    with pytest.raises(ValueError, match="scale is on meta"):
+        torch.ops.draftfuse.argmax_prob(torch.randn(2, 10), False, torch.empty(2, device="meta"))
+    with pytest.raises(ValueError, match="out of range for logits of shape"):
+        torch.ops.draftfuse.argmax_prob(torch.tensor(1.0))
 
 
 def test_reference_order_and_special_values():

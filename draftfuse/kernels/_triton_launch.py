@@ -223,7 +223,7 @@ def _arguments(logits, k, log, prob, index, scale, splits: int, chunk: int, cand
     rows, vocab = logits.shape
     part = torch.empty((rows, 2, splits), dtype=torch.float32, device=logits.device)
     keys = torch.empty((rows, cand + k * splits), dtype=torch.int64, device=logits.device)
-    scale_arg = part if scale is None else scale.reshape(-1)  # part: never read
+    scale_arg = part if scale is None else scale.reshape(-1).contiguous()  # part: never read; the kernel reads row * 1 (or 0)
     scale_stride = 0 if scale is None or scale_arg.numel() == 1 else 1
     return logits, logits.stride(0), vocab, chunk, splits, scale_arg, scale_stride, part, keys, ws, prob, index, int(log)
 

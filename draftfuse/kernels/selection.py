@@ -89,7 +89,7 @@ def capturing_with(workspace: Any) -> contextlib.AbstractContextManager:
 
 def _check_k(logits: torch.Tensor, k: int) -> None:
     if logits.dim() == 0 or not 1 <= k <= logits.shape[-1]:
-        raise ValueError(f"topk_prob: k={k} out of range for logits of shape {tuple(logits.shape)}")
+        raise ValueError(f"{'argmax_prob' if k == 1 else 'topk_prob'}: k={k} out of range for logits of shape {tuple(logits.shape)}")
 
 
 def check_scale(logits: torch.Tensor, scale: torch.Tensor | None) -> None:
@@ -111,17 +111,18 @@ def _scaled(logits: torch.Tensor, scale: torch.Tensor | None) -> tuple[torch.Ten
     """(y, order): y = fl32(x * s), the values whose softmax is taken, and a tensor whose order is
     the exact order of x * s: x * sign(s) (sign(0) = 0: all tie; NaN where x is, and everywhere for a
     NaN scale)."""
-    x = logits.float()  # also the order: exact, and torch's CUDA sort misplaces NaN in bfloat16
+    x = logits.float()  # also the order for 16- and 32-bit floats: exact, and torch's CUDA sort misplaces NaN in bfloat16
+    wide = x if logits.dtype in (torch.float16, torch.bfloat16, torch.float32) else logits.double()  # float64, ints: their order
     if scale is None:
-        return x, x
+        return x, wide
     check_scale(logits, scale)
     s = scale.float().unsqueeze(-1) if scale.dim() else scale.float()  # broadcasts against the logits
     sign = torch.where(s.isnan(), s, torch.sign(s))  # torch.sign(nan) is 0; here a NaN scale makes all NaN
-    return x * s, x * sign
+    return x * s, wide * sign
 
 
 def _descending_order(order: torch.Tensor) -> torch.Tensor:
-    """Indices of `order` (float32) from the largest, NaN above everything (the first NaN first), ties
+    """Indices of `order` (float32 or float64) from the largest, NaN above everything (the first NaN first), ties
     (-0.0 with +0.0 too) to the lower index. Two stable sorts, since neither torch.sort nor torch.argmax
     places NaN reliably on CUDA: by value with NaN set aside, then NaN first."""
     nan = order.isnan()
@@ -140,6 +141,7 @@ def argmax_prob_reference(
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """The definition of argmax_prob in torch (its CPU implementation and the kernels' test oracle).
     The selected element has the row's largest y, so its probability is 1 / sum(exp(y - max))."""
+    _check_k(logits, 1)  # 0-d logits: no vocab to select from
     y, order = _scaled(logits, scale)
     _, row_sum = _row_max_and_sum(y)
     row_sum = row_sum.squeeze(-1)
@@ -208,6 +210,8 @@ def _argmax_prob_cuda(
 def _argmax_prob_fake(
     logits: torch.Tensor, log: bool = False, scale: torch.Tensor | None = None
 ) -> tuple[torch.Tensor, torch.Tensor]:
+    _check_k(logits, 1)  # as the real op: errors at trace time, not at run time
+    check_scale(logits, scale)
     shape = logits.shape[:-1]
     return logits.new_empty(shape, dtype=torch.int64), logits.new_empty(shape, dtype=torch.float32)
 
@@ -238,5 +242,7 @@ def _topk_prob_cuda(
 def _topk_prob_fake(
     logits: torch.Tensor, k: int, log: bool = False, scale: torch.Tensor | None = None
 ) -> tuple[torch.Tensor, torch.Tensor]:
+    _check_k(logits, k)
+    check_scale(logits, scale)
     shape = (*logits.shape[:-1], k)
     return logits.new_empty(shape, dtype=torch.float32), logits.new_empty(shape, dtype=torch.int64)
