@@ -219,3 +219,73 @@ def test_each_draft_has_its_own_compile_budget():
         first(torch.randn(4), 1)
         second(torch.randn(4), 2)  # another Python value: its own first compile
         assert torch.equal(second(torch.ones(4), 2), torch.full((4,), 4.0))
+
+
+# From a review of the one-region promise on draft-worker patterns (each failed before its fix).
+
+
+def _greedy(weight, tok, steps=3):
+    out = []
+    for _ in range(steps):
+        tok = torch.softmax(weight[tok], -1).argmax(-1)
+        out.append(tok)
+    return torch.stack(out, -1)
+
+
+def _item_as_index(weight, tok):
+    t = _greedy(weight, tok)
+    return t[0, t[0, 0].item() % 3]  # <- item index
+
+
+def test_a_host_read_used_as_an_index_is_a_host_sync_error():
+    weight, tok = torch.randn(16, 16), torch.tensor([1, 2])
+    with pytest.raises(HostSyncError, match="used as a Python int") as info:
+        draft_loop(_item_as_index)(weight, tok)
+    assert info.value.where == _line("item index")
+
+
+def _try_matmul(t):
+    try:
+        r = t @ torch.ones(5, 5)  # <- caught
+    except RuntimeError:
+        r = t + 1
+    return r
+
+
+def test_an_error_the_draft_catches_says_so():
+    """Eager catches the failing matmul; a traced draft cannot: the error must not claim eager raises it."""
+    with pytest.raises(DraftCaptureError) as info:
+        draft_loop(_try_matmul)(torch.ones(2, 3))
+    assert "try/except around a tensor op" in info.value.fix
+
+
+def test_a_partial_draft_runs_without_the_fast_path():
+    import functools
+    import warnings
+
+    draft = draft_loop(functools.partial(_greedy, steps=2))
+    weight, tok = torch.randn(16, 16), torch.tensor([1, 2])
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # the CPU warning, and no fast replay for a callable without code
+        for _ in range(3):
+            assert torch.equal(draft(weight, tok), _greedy(weight, tok, steps=2))
+
+
+class _SlottedWorker:
+    __slots__ = ("weight",)
+
+    def __init__(self):
+        self.weight = torch.randn(16, 16)
+
+    def step(self, tok):
+        return _greedy(self.weight, tok)
+
+
+_SlottedWorker.fast = draft_loop(_SlottedWorker.step)
+
+
+def test_a_method_draft_on_a_worker_with_slots():
+    worker, tok = _SlottedWorker(), torch.tensor([1, 2])
+    for _ in range(3):
+        assert torch.equal(worker.fast(tok), worker.step(tok))
+    assert worker.fast is worker.fast  # one compiled draft per instance, held without a weak reference

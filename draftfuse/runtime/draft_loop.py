@@ -129,6 +129,7 @@ class DraftLoop:
         self._instance = instance
         self._attribute: str | None = None  # the class attribute this draft was assigned to
         self._bound: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # for instances without __dict__
+        self._bound_strongly: dict[int, tuple[Any, DraftLoop]] = {}  # and without __weakref__ either
         self._span = f"draftfuse.draft:{getattr(fn, '__qualname__', repr(fn))}"
         self._code_fn = own_code(fn)  # Dynamo's cache for this draft lives on this copy's code
         self._compiled = torch.compile(self._code_fn, fullgraph=True, dynamic=dynamic, backend=self._compile)
@@ -156,7 +157,7 @@ class DraftLoop:
             return self
         name = self._attribute_in(owner or type(instance))
         store = getattr(instance, "__dict__", None)
-        bound = store.get(name) if store is not None else self._bound.get(instance)
+        bound = store.get(name) if store is not None else self._bound_of(instance)
         if not isinstance(bound, DraftLoop):
             bound = DraftLoop(
                 self._fn, options=self._options, zero_copy_outputs=self._zero_copy, dynamic=self._dynamic, max_compiles=self._max_compiles, instance=instance
@@ -164,8 +165,17 @@ class DraftLoop:
             if store is not None:
                 store[name] = bound  # later lookups find it before this (non-data) descriptor
             else:
-                self._bound[instance] = bound
+                try:
+                    self._bound[instance] = bound
+                except TypeError:  # __slots__ without __weakref__: held (with the instance) for good
+                    self._bound_strongly[id(instance)] = (instance, bound)
         return bound
+
+    def _bound_of(self, instance: Any) -> DraftLoop | None:
+        try:
+            return self._bound.get(instance)
+        except TypeError:
+            return self._bound_strongly.get(id(instance), (None, None))[1]
 
     # ---- the call ----
 
@@ -227,11 +237,17 @@ class DraftLoop:
             leaves[i] = copy
         return tree_unflatten(leaves, spec)
 
+    def _cache_entries(self) -> list[Any]:
+        """Dynamo's cache entries for the draft's code; none for a callable without code of its own (a
+        functools.partial: its calls stay on the Dynamo path, and _build_replay says so)."""
+        code = getattr(self._code_fn, "__code__", None)
+        return torch._dynamo.eval_frame._debug_get_cache_entry_list(code) if code is not None else []
+
     def _entry_to_run(self, args: tuple, kwargs: dict) -> tuple[set, Any]:
         """(the compiled code of each cache entry of the draft's code, that of the entry Dynamo will run for
         this call: the first whose guards pass, or None when it compiles a new one), before the call."""
         f_locals = self._bind(args, kwargs)
-        entries = torch._dynamo.eval_frame._debug_get_cache_entry_list(self._code_fn.__code__)
+        entries = self._cache_entries()
         with torch.no_grad():  # as the call runs
             first = next((e.code for e in entries if _passes(e, f_locals)), None)
         return {e.code for e in entries}, first
@@ -264,7 +280,7 @@ class DraftLoop:
         # guards must pass after the call too: a draft that changes what they read (a flag it clears) would
         # otherwise leave a Replay whose guards describe one call and whose recording another.
         before, ran = entry_run
-        entries = torch._dynamo.eval_frame._debug_get_cache_entry_list(self._code_fn.__code__)
+        entries = self._cache_entries()
         new = [e for e in entries if e.code not in before]
         entry = next((e for e in entries if e.code is ran), None) if ran is not None else new[0] if len(new) == 1 else None
         f_locals = self._bind(args, kwargs)

@@ -122,7 +122,15 @@ def from_exception(exc: BaseException, first_host_read: str = "") -> DraftCaptur
         return DraftCaptureError(
             f"the draft raised an error while traced: {first_line(str(exc), type(exc).__name__)}",
             where=_location(exc),
-            fix="run the draft eagerly with the same arguments: it raises the same error there",
+            fix="run the draft eagerly with the same arguments: if it raises there too, that is the error; if not, "
+                "the draft catches it (a try/except around a tensor op), which a traced draft cannot: check the "
+                "condition before the op instead",
+        )
+    if isinstance(exc, (IndexError, TypeError)) and "SymInt" in str(exc) and _location(exc):
+        return HostSyncError(  # a host read used where Python needs an int (an index, a range)
+            f"a value read from a tensor is used as a Python int: {first_line(str(exc), type(exc).__name__)}",
+            where=_location(exc),
+            fix="keep it a tensor (index with the tensor itself: t[0, idx] with idx a tensor, or torch.gather)",
         )
     return None
 
