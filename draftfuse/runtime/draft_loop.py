@@ -60,6 +60,7 @@ from torch.utils._pytree import tree_flatten, tree_unflatten
 from draftfuse.graph.values import user_frame, user_location
 from draftfuse.options import Options
 from draftfuse.runtime import checks, translate
+from draftfuse.runtime.binding import binder
 from draftfuse.runtime.errors import DraftCaptureError, RecompileError
 from draftfuse.runtime.pipeline import CompileRecord, lower, prepare
 from draftfuse.runtime.recorder import GraphRecorder, caller_copies, log
@@ -134,7 +135,7 @@ class DraftLoop:
         self._code_fn = own_code(fn)  # Dynamo's cache for this draft lives on this copy's code
         self._compiled = torch.compile(self._code_fn, fullgraph=True, dynamic=dynamic, backend=self._compile)
         self.compiles: list[CompileRecord] = []  # one per Dynamo graph compiled for this draft
-        self._bind = _binder(fn, self._code_fn)
+        self._bind = binder(fn, self._code_fn)
         self._replays: list[Replay] = []  # recorded calls that run without Dynamo (replay.py)
         self._recorders: list[tuple[GraphRecorder, list[torch.fx.Node]]] = []  # with the graph's placeholders
         self._signatures: list[dict[str, str]] = []  # the arguments that led to each compile
@@ -402,79 +403,6 @@ def _translating_capture_errors(recorder: GraphRecorder) -> Callable[..., Any]:
             raise checks.capture_failed_error(exc) from exc
 
     return run
-
-
-class _Default:
-    """A parameter's default in the binder's generated signature: rendered as a lookup of it."""
-
-    def __init__(self, name: str) -> None:
-        self.name = name
-
-    def __repr__(self) -> str:
-        return f"__defaults[{self.name!r}]"
-
-
-def _binder(fn: Callable[..., Any], code_fn: Callable[..., Any]) -> Callable[[tuple, dict], dict[str, Any] | None]:
-    """A function (args, kwargs) -> the frame's locals at entry, as Dynamo's guards read them (each
-    parameter by name, *args and **kwargs as a tuple and a dict, closure variables by name); None
-    when the call does not bind. Generated with the signature of the code Dynamo runs (a wrapper's own,
-    not the one functools.wraps shows), so that CPython binds the arguments (defaults and keywords
-    included) in one call."""
-    try:
-        signature = inspect.signature(code_fn, follow_wrapped=False)
-    except (TypeError, ValueError):
-        return lambda args, kwargs: None
-    code = getattr(code_fn, "__code__", None)
-    closure = getattr(code_fn, "__closure__", None) or ()
-    free = dict(zip(code.co_freevars, closure)) if code is not None else {}
-    names = list(signature.parameters)
-    if any(name.startswith("__") or not name.isidentifier() for name in [*names, *free]):
-        return _binder_by_signature(code_fn, free)  # names the generated code could not use as they are (slower)
-    defaults = {n: p.default for n, p in signature.parameters.items() if p.default is not inspect.Parameter.empty}
-    owner = getattr(code_fn, "__func__", code_fn)  # whose defaults a call reads (they may be changed after this)
-    plain = signature.replace(
-        parameters=[p.replace(annotation=inspect.Parameter.empty, default=_Default(n) if n in defaults else p.default) for n, p in signature.parameters.items()],
-        return_annotation=inspect.Signature.empty,
-    )
-    source = "\n".join([
-        f"def __locals{plain}:",
-        f"    return {{{', '.join(f'{n!r}: {n}' for n in names)}}}",
-        "def bind(__args, __kwargs):",
-        *(["    __locals.__defaults__, __locals.__kwdefaults__ = __fn.__defaults__, __fn.__kwdefaults__  # as they are now"]
-          if isinstance(owner, types.FunctionType) else []),
-        "    try:",
-        "        __f = __locals(*__args, **__kwargs)",
-        "    except TypeError:",
-        "        return None",
-        *[f"    __f[{n!r}] = __cells[{n!r}].cell_contents" for n in free],
-        "    return __f",
-    ])  # fmt: skip
-    scope = {"__defaults": defaults, "__cells": free, "__fn": owner}
-    exec(compile(source, f"<draftfuse binder of {getattr(fn, '__qualname__', 'a draft')}>", "exec"), scope)
-    bind = scope["bind"]
-
-    def bind_or_none(args: tuple, kwargs: dict) -> dict[str, Any] | None:
-        try:
-            return bind(args, kwargs)
-        except ValueError:  # an empty closure cell
-            return None
-
-    return bind_or_none if free else bind
-
-
-def _binder_by_signature(code_fn: Callable[..., Any], free: dict[str, Any]) -> Callable[[tuple, dict], dict[str, Any] | None]:
-    def bind(args: tuple, kwargs: dict) -> dict[str, Any] | None:
-        try:
-            bound = inspect.signature(code_fn, follow_wrapped=False).bind(*args, **kwargs)  # its defaults as they are now
-            bound.apply_defaults()
-            f_locals = dict(bound.arguments)
-            for name, cell in free.items():
-                f_locals[name] = cell.cell_contents
-        except (TypeError, ValueError):  # no binding; an empty cell
-            return None
-        return f_locals
-
-    return bind
 
 
 def draft_loop(
