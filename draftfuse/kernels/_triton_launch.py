@@ -300,7 +300,8 @@ def launch_selection(
         jit, constexprs = _argmax_kernel, common
     else:
         record = max(32, triton.next_power_of_2(chunk // block))  # the chunk's tiles, at least 32 (one per lane)
-        jit, constexprs = _selection_kernel, dict(K=k, CAND=cand, SORT=sort, RECORD=record, RESNAP=k >= _RESNAP_MIN_K and rows >= _RESNAP_MIN_ROWS and chunk == block, **common)
+        resnap = k >= _RESNAP_MIN_K and rows >= _RESNAP_MIN_ROWS and chunk == block  # one tile a program
+        jit, constexprs = _selection_kernel, dict(K=k, CAND=cand, SORT=sort, RECORD=record, RESNAP=resnap, **common)
     kernel = jit[(rows, splits)](*args, **constexprs)
     if fit is None and getattr(kernel, "n_regs", 0):  # the first launch of this kernel: note its occupancy
         _fits[key] = _programs_that_fit(kernel.n_regs)

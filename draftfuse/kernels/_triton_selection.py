@@ -23,10 +23,10 @@ Pass 2 reads the floor and re-reads only the tiles whose max reaches it (usually
 one, from L1/L2), and appends the elements at or above it to the row's candidates: one atomic add on
 a per-row count reserves their places (each element's place from an in-thread count plus one warp
 scan), so a program does no merging at all. The floor it read is at most the final one (slots only
-grow), so every element of the row's top k is appended (with one tile a program, k = 16 and 8 rows or
-more, it reads the slots again beside the hit tile's load: a later and so higher floor, fewer appended). When a row's room (_CANDIDATES keys) runs
-out, which takes more than that many elements tied at or above the floor (all-equal or all -inf
-rows), each program keeps its best k of what didn't fit in registers, by merge rounds (each round
+grow), so every element of the row's top k is appended (one tile a program, k = 16, 8+ rows: it reads
+the slots again beside the hit tile, a later floor). When a row's room (_CANDIDATES keys) runs out,
+which takes more than that many elements tied at or above the floor (all-equal or all -inf rows),
+each program keeps its best k of what didn't fit in registers, by merge rounds (each round
 takes every lane's best remaining candidate and merges them into a sorted top list with a 64-wide
 bitonic sort in one warp), and writes them to a [k, splits] area after the candidates.
 Merge: each program writes its (m, sum) (the k = 1 kernel also its best key), then counts itself in with

@@ -87,9 +87,9 @@ def capturing_with(workspace: Any) -> contextlib.AbstractContextManager:
     return launch.capturing_with(workspace) if launch is not None and workspace is not None else contextlib.nullcontext()
 
 
-def _check_k(logits: torch.Tensor, k: int) -> None:
+def _check_k(logits: torch.Tensor, k: int, op: str = "topk_prob") -> None:
     if logits.dim() == 0 or not 1 <= k <= logits.shape[-1]:
-        raise ValueError(f"{'argmax_prob' if k == 1 else 'topk_prob'}: k={k} out of range for logits of shape {tuple(logits.shape)}")
+        raise ValueError(f"{op}: k={k} out of range for logits of shape {tuple(logits.shape)}")
 
 
 def check_scale(logits: torch.Tensor, scale: torch.Tensor | None) -> None:
@@ -111,8 +111,8 @@ def _scaled(logits: torch.Tensor, scale: torch.Tensor | None) -> tuple[torch.Ten
     """(y, order): y = fl32(x * s), the values whose softmax is taken, and a tensor whose order is
     the exact order of x * s: x * sign(s) (sign(0) = 0: all tie; NaN where x is, and everywhere for a
     NaN scale)."""
-    x = logits.float()  # also the order for 16- and 32-bit floats: exact, and torch's CUDA sort misplaces NaN in bfloat16
-    wide = x if logits.dtype in (torch.float16, torch.bfloat16, torch.float32) else logits.double()  # float64, ints: their order
+    x = logits.float()  # the order of 16- and 32-bit floats, exactly (torch's CUDA sort misplaces NaN in bfloat16)
+    wide = x if logits.dtype in (torch.float16, torch.bfloat16, torch.float32) else logits.double()  # float64, ints
     if scale is None:
         return x, wide
     check_scale(logits, scale)
@@ -141,7 +141,7 @@ def argmax_prob_reference(
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """The definition of argmax_prob in torch (its CPU implementation and the kernels' test oracle).
     The selected element has the row's largest y, so its probability is 1 / sum(exp(y - max))."""
-    _check_k(logits, 1)  # 0-d logits: no vocab to select from
+    _check_k(logits, 1, "argmax_prob")  # 0-d logits: no vocab to select from
     y, order = _scaled(logits, scale)
     _, row_sum = _row_max_and_sum(y)
     row_sum = row_sum.squeeze(-1)
@@ -210,7 +210,7 @@ def _argmax_prob_cuda(
 def _argmax_prob_fake(
     logits: torch.Tensor, log: bool = False, scale: torch.Tensor | None = None
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    _check_k(logits, 1)  # as the real op: errors at trace time, not at run time
+    _check_k(logits, 1, "argmax_prob")  # as the real op: errors at trace time, not at run time
     check_scale(logits, scale)
     shape = logits.shape[:-1]
     return logits.new_empty(shape, dtype=torch.int64), logits.new_empty(shape, dtype=torch.float32)

@@ -140,7 +140,6 @@ class DraftLoop:
         self._recorders: list[tuple[GraphRecorder, list[torch.fx.Node]]] = []  # with the graph's placeholders
         self._signatures: list[dict[str, str]] = []  # the arguments that led to each compile
         self._current_call: tuple[tuple, dict] | None = None
-        self._entry_run: tuple[set, Any] = (set(), None)  # _entry_to_run of the call through Dynamo in progress
         self._warned_cpu = self._warn_cpu = False
 
     # ---- methods: one draft per instance, stored under the attribute's name ----
@@ -203,7 +202,7 @@ class DraftLoop:
 
     def _call_through_dynamo(self, args: tuple, kwargs: dict) -> Any:
         self._current_call = (args, kwargs)
-        self._entry_run = self._entry_to_run(args, kwargs)  # before the call: the draft may change what guards read
+        entry_run = self._entry_to_run(args, kwargs)  # before the call: the draft may change what guards read
         try:
             span = torch.profiler.record_function(self._span) if torch.autograd._profiler_enabled() else contextlib.nullcontext()
             limit = torch._dynamo.config.recompile_limit
@@ -227,13 +226,15 @@ class DraftLoop:
             self._warn_cpu = False
             warnings.warn(_CPU_WARNING.format(name=getattr(self._fn, "__qualname__", ""), mode=self._options.mode), stacklevel=user_frame()[1])
         # returned as they are, as a Replay returns them: the call's own arguments (at any depth of their
-        # tuples, lists and dicts) and the tensors the graph read (a KV cache attribute, say)
-        own = set(argument_paths({**dict(enumerate(args)), **kwargs}) or ()) | {id(v) for r, _ in self._recorders for v in r.last_call_inputs}
-        self._record_replay(args, kwargs, out, self._entry_run)
+        # tuples, lists and dicts) and the tensors the graph read (a KV cache attribute, say); before the
+        # recorders forget the call's inputs
+        as_is = set() if self._zero_copy else (set(argument_paths({**dict(enumerate(args)), **kwargs}) or ())
+                                               | {id(v) for r, _ in self._recorders for v in r.last_call_inputs})
+        self._record_replay(args, kwargs, out, entry_run)
         if self._zero_copy:
             return out
-        leaves, spec = tree_flatten(out, is_leaf=lambda x: isinstance(x, (list, tuple, dict)) and id(x) in own)
-        copied = [i for i, t in enumerate(leaves) if isinstance(t, torch.Tensor) and id(t) not in own]
+        leaves, spec = tree_flatten(out, is_leaf=lambda x: isinstance(x, (list, tuple, dict)) and id(x) in as_is)
+        copied = [i for i, t in enumerate(leaves) if isinstance(t, torch.Tensor) and id(t) not in as_is]
         for i, copy in zip(copied, caller_copies([leaves[i] for i in copied])):
             leaves[i] = copy
         return tree_unflatten(leaves, spec)
@@ -280,10 +281,10 @@ class DraftLoop:
         # The entry that ran: the one whose guards passed before the call, else the one this call compiled. Its
         # guards must pass after the call too: a draft that changes what they read (a flag it clears) would
         # otherwise leave a Replay whose guards describe one call and whose recording another.
-        before, ran = entry_run
+        before, ran_code = entry_run
         entries = self._cache_entries()
         new = [e for e in entries if e.code not in before]
-        entry = next((e for e in entries if e.code is ran), None) if ran is not None else new[0] if len(new) == 1 else None
+        entry = next((e for e in entries if e.code is ran_code), None) if ran_code is not None else new[0] if len(new) == 1 else None
         f_locals = self._bind(args, kwargs)
         with torch.no_grad():  # as the call ran
             passes = entry is not None and _passes(entry, f_locals)

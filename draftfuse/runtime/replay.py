@@ -20,11 +20,12 @@ parts:
 A Replay is built only where it is sound: Dynamo's code for the frame must do nothing but call the
 graph (no attribute, item or enclosing-variable stores, no other calls: a side effect would be skipped),
 every non-static graph input must be found from the call's arguments by its Dynamo source, and every
-returned value must be a graph output, an argument, or a Python constant the guards pin (one passed
-through from an argument, at any depth of its tuples, lists and dicts, that no guard holds is not:
-Dynamo returns it as it comes). Its guards are those of the cache entry that ran (the one whose guards
-passed before the call, or the one it compiled), which must pass after the call too (draft_loop.py). Anything else keeps the draft on
-the Dynamo path, which is always correct. When any guard fails, the call takes the Dynamo path, which
+returned value must be a graph output, an argument, a tensor the graph reads (fetched by its source), or
+a Python constant the guards pin (one passed through from an argument, at any depth of its tuples, lists
+and dicts, that no guard holds is not: Dynamo returns it as it comes). Its guards are those of the cache
+entry that ran (the one whose guards passed before the call, or the one it compiled), which must pass
+after the call too (draft_loop.py). Anything else keeps the draft on the Dynamo path, which is always
+correct. When any guard fails, the call takes the Dynamo path, which
 recompiles (or raises RecompileError past max_compiles) and records a new Replay.
 """
 
