@@ -675,6 +675,31 @@ def test_defaults_changed_after_compiling_are_read_per_call():
         _with_keyword_default.__kwdefaults__.update(saved)
 
 
+def _with_positional_default(x, steps=2, scale=1.0):
+    for _ in range(steps):
+        x = torch.tanh(x) * scale
+    return x
+
+
+def test_defaults_reassigned_after_compiling_are_read_per_call():
+    """`fn.__defaults__ = (...)` replaces the tuple: the copy draftfuse compiles (its code of its own)
+    must take the new one too, on the replay path and through Dynamo."""
+    compiled = draftfuse.draft_loop(_with_positional_default)
+    x = torch.tensor([[1.0, -3.0, 2.0]])
+    saved = _with_positional_default.__defaults__
+    try:
+        for _ in range(3):
+            compiled(x)
+        assert compiled._replays
+        _with_positional_default.__defaults__ = (5, 1.0)  # another step count: another graph
+        assert torch.allclose(compiled(x), _with_positional_default(x))
+        _with_positional_default.__defaults__ = (2, 0.5)  # a float default: specialised, so recompiled
+        for _ in range(3):
+            assert torch.allclose(compiled(x), _with_positional_default(x))
+    finally:
+        _with_positional_default.__defaults__ = saved
+
+
 class _SimulatedCudaGraph:
     """A stand-in for torch.cuda.CUDAGraph on a CPU, with its semantics for GraphRecorder: the capture
     records the region's call on the tensors it was captured with; a replay reads those tensors' memory

@@ -26,7 +26,8 @@ def binder(fn: Callable[..., Any], code_fn: Callable[..., Any]) -> Callable[[tup
     parameter by name, *args and **kwargs as a tuple and a dict, closure variables by name); None
     when the call does not bind. Generated with the signature of the code Dynamo runs (a wrapper's own,
     not the one functools.wraps shows), so that CPython binds the arguments (defaults and keywords
-    included) in one call."""
+    included) in one call. Where `code_fn` is a copy of `fn` (draft_loop's own_code), the defaults are
+    `fn`'s: those are the ones a user changes."""
     try:
         signature = inspect.signature(code_fn, follow_wrapped=False)
     except (TypeError, ValueError):
@@ -35,10 +36,10 @@ def binder(fn: Callable[..., Any], code_fn: Callable[..., Any]) -> Callable[[tup
     closure = getattr(code_fn, "__closure__", None) or ()
     free = dict(zip(code.co_freevars, closure)) if code is not None else {}
     names = list(signature.parameters)
-    if any(name.startswith("__") or not name.isidentifier() for name in [*names, *free]):
-        return _binder_by_signature(code_fn, free)  # names the generated code could not use as they are (slower)
+    if any(name.startswith("__") or not name.isidentifier() for name in [*names, *free]):  # names the generated code
+        return _binder_by_signature(fn if is_copy(code_fn, fn) else code_fn, free)  # could not use as they are (slower)
     defaults = {n: p.default for n, p in signature.parameters.items() if p.default is not inspect.Parameter.empty}
-    owner = getattr(code_fn, "__func__", code_fn)  # whose defaults a call reads (they may be changed after this)
+    owner = fn if is_copy(code_fn, fn) else getattr(code_fn, "__func__", code_fn)  # whose defaults a call reads (they may be changed after this)
     plain = signature.replace(
         parameters=[p.replace(annotation=inspect.Parameter.empty, default=_Default(n) if n in defaults else p.default) for n, p in signature.parameters.items()],
         return_annotation=inspect.Signature.empty,
@@ -67,6 +68,17 @@ def binder(fn: Callable[..., Any], code_fn: Callable[..., Any]) -> Callable[[tup
             return None
 
     return bind_or_none if free else bind
+
+
+def is_copy(copy: Any, fn: Any) -> bool:
+    """Whether `copy` is a copy of the plain function `fn` (its code replaced, defaults taken when copied)."""
+    return copy is not fn and isinstance(copy, types.FunctionType) and isinstance(fn, types.FunctionType) and copy.__code__ == fn.__code__
+
+
+def sync_defaults(copy: Any, fn: Any) -> None:
+    """Give a copy of `fn` the defaults `fn` has now (assigned after the copy was made, they are not shared)."""
+    if is_copy(copy, fn):
+        copy.__defaults__, copy.__kwdefaults__ = fn.__defaults__, fn.__kwdefaults__
 
 
 def _binder_by_signature(code_fn: Callable[..., Any], free: dict[str, Any]) -> Callable[[tuple, dict], dict[str, Any] | None]:

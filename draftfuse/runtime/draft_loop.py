@@ -60,7 +60,7 @@ from torch.utils._pytree import tree_flatten, tree_unflatten
 from draftfuse.graph.values import user_frame, user_location
 from draftfuse.options import Options
 from draftfuse.runtime import checks, translate
-from draftfuse.runtime.binding import binder
+from draftfuse.runtime.binding import binder, sync_defaults
 from draftfuse.runtime.errors import DraftCaptureError, RecompileError
 from draftfuse.runtime.pipeline import CompileRecord, lower, prepare
 from draftfuse.runtime.recorder import GraphRecorder, caller_copies, log
@@ -207,6 +207,7 @@ class DraftLoop:
             span = torch.profiler.record_function(self._span) if torch.autograd._profiler_enabled() else contextlib.nullcontext()
             limit = torch._dynamo.config.recompile_limit
             raised = torch._dynamo.config.patch(recompile_limit=self._max_compiles + 1) if self._max_compiles >= limit else contextlib.nullcontext()
+            sync_defaults(self._code_fn, self._fn)
             with span, raised, torch.no_grad():
                 out = self._compiled(*args, **kwargs)
         except Exception as exc:
