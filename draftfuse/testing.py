@@ -22,7 +22,8 @@ your arguments, to compare with `fn`'s (where an output is an input the draft wr
 shows the value after the write). Random ops stay ATen ops in `post_grad`, as with Inductor's
 `fallback_random`.
 The draft runs once (its in-place writes happen, as in any call); `options` are draftfuse's options
-(the backend's keys).
+(the backend's keys). Shapes and ints are static unless marked dynamic (torch._dynamo.mark_dynamic):
+a graph does not depend on the arguments of an earlier call.
 """
 
 from __future__ import annotations
@@ -72,7 +73,9 @@ def draft_graphs(fn: Callable[..., Any], *args: Any, options: dict[str, Any] | N
         found.update(before=graph_text(gm), after=graph_text(prepared.graph_module), reports=list(prepared.reports))
         return _post_grad(prepared.graph_module, example_inputs, parsed, found)
 
-    with torch.no_grad():
+    # Static unless marked dynamic: Dynamo's automatic dynamic shapes would otherwise turn a size or int
+    # argument that differed in an earlier trace of the same function into a symbol (k = 4, then k = 8).
+    with torch.no_grad(), torch._dynamo.config.patch(automatic_dynamic_shapes=False):
         outputs = torch.compile(own_code(fn), backend=backend, fullgraph=True)(*args, **kwargs)
     return DraftGraphs(found["before"], found["after"], found["post_grad"], found["reports"], outputs)
 

@@ -16,6 +16,7 @@ import torch._dynamo
 from torch._inductor.custom_graph_pass import CustomGraphPass
 from torch._inductor.utils import run_and_get_code
 
+import draftfuse.testing
 from draftfuse.options import Options
 from draftfuse.passes.post_grad import PostGradPass
 from draftfuse.runtime import backend, pipeline
@@ -208,3 +209,17 @@ def test_a_backend_with_fixed_options_refuses_torch_compiles_own():
     fixed = backend.Backend(Options.parse(None, {"probs": "ones"}))
     with pytest.raises(Exception, match="would be ignored"):
         torch.compile(_pick, backend=fixed, options={"probs": "exact"}, fullgraph=True)(torch.randn(4, 16))
+
+
+def _top_k_of_tempered(logits, temperature, k: int = 4):
+    return torch.topk(torch.softmax(logits.float() / temperature[:, None], -1), k)
+
+
+def test_draft_graphs_do_not_depend_on_an_earlier_trace():
+    """draft_graphs traces static shapes and ints: after a trace with k = 1, Dynamo's automatic dynamic
+    shapes would make k a symbol in the next trace of the same function, and the rewrite (which needs a
+    known k) would be refused there: a golden graph would depend on the tests run before it."""
+    logits, temperature = torch.randn(8, 100) * 4, torch.rand(8) + 0.5
+    for k in (1, 4, 8):
+        graphs = draftfuse.testing.draft_graphs(_top_k_of_tempered, logits, temperature, k=k)
+        assert "softmax+topk(k=" in graphs.report and "refused" not in graphs.report, (k, graphs.report)

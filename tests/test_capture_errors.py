@@ -289,3 +289,21 @@ def test_a_method_draft_on_a_worker_with_slots():
     for _ in range(3):
         assert torch.equal(worker.fast(tok), worker.step(tok))
     assert worker.fast is worker.fast  # one compiled draft per instance, held without a weak reference
+
+
+def test_a_draft_under_a_dispatch_mode_is_a_draft_capture_error():
+    """Dynamo skips a frame run under a user TorchDispatchMode whole; fullgraph then raises torch's "found
+    no compiled frames": a DraftCaptureError naming the draft's line and the reason."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    class Passthrough(TorchDispatchMode):
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            return func(*args, **(kwargs or {}))
+
+    def draft(hidden):
+        return torch.softmax(hidden * 2, -1).topk(1, -1).indices
+
+    fast = draft_loop(draft)
+    with Passthrough(), pytest.raises(DraftCaptureError, match="dispatch mode") as raised:
+        fast(torch.randn(2, 8))
+    assert f"{__file__}:" in str(raised.value)

@@ -208,3 +208,27 @@ def test_a_folded_call_binds_no_signature(monkeypatch):
 
     monkeypatch.setattr(inspect.Signature, "bind", no_binding)
     assert torch.equal(draft(x=x), (x + 1) * 2)
+
+
+def _scaled_seed(logits, scale=1.0):
+    return logits * scale, logits.shape[0]
+
+
+def _top2(scaled, rows):
+    return scaled.softmax(-1).topk(2).indices[:rows]
+
+
+def test_a_seed_default_replaced_after_fold_is_read_per_call():
+    """`seed.__defaults__ = (...)` after fold: the composition (generated with the seed's defaults) takes
+    the new ones, on the replay path and through Dynamo, as `loop(*seed(...))` does."""
+    draft = fold(_scaled_seed, _top2)
+    logits = torch.tensor([[3.0, 1.0, 2.0, 0.0]])
+    saved = _scaled_seed.__defaults__
+    try:
+        for _ in range(3):
+            draft(logits)
+        _scaled_seed.__defaults__ = (-1.0,)  # another order: the top two of -logits
+        for _ in range(3):
+            torch.testing.assert_close(draft(logits), _top2(*_scaled_seed(logits)), rtol=0, atol=0)
+    finally:
+        _scaled_seed.__defaults__ = saved

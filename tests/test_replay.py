@@ -919,3 +919,23 @@ def test_the_spare_recordings_option_reaches_the_recorder():
         assert compiled._recorders[0][0].spare_count == count
     compiled = warmed(draftfuse.draft_loop(draft, zero_copy_outputs=True), head, hidden, cache, position)
     assert compiled._recorders[0][0].spare_count == 0  # the main recording's outputs are returned: no spares
+
+
+def test_a_stance_other_than_the_default_is_honoured():
+    """Under torch.compiler.set_stance("force_eager") a recorded draft runs eagerly, as torch.compile's
+    own functions do (a user comparing with eager): its random draws are eager's, under one seed."""
+    def sample(logits):
+        probs = torch.softmax(logits, -1)
+        return (probs / torch.empty_like(probs).exponential_()).argmax(-1)
+
+    compiled = draftfuse.draft_loop(sample)
+    logits = torch.randn(4, 64)
+    for _ in range(3):
+        compiled(logits)
+    assert compiled._replays
+    with torch.compiler.set_stance("force_eager"):
+        torch.manual_seed(1)
+        got = compiled(logits)
+        torch.manual_seed(1)
+        want = sample(logits)
+    assert torch.equal(got, want)

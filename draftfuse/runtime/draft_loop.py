@@ -184,7 +184,8 @@ class DraftLoop:
             args = (self._instance, *args)
         if torch.compiler.is_compiling():  # called inside another compiled region (a draft in a draft): traced there
             return self._fn(*args, **kwargs)
-        f_locals = self._bind(args, kwargs) if self._replays else None
+        # a stance other than the default (force_eager, say) is honoured by Dynamo's path, which reads it per call
+        f_locals = self._bind(args, kwargs) if self._replays and torch._dynamo.eval_frame._stance.stance == "default" else None
         if f_locals is not None:
             explain = log.isEnabledFor(logging.DEBUG)
             grad = torch.is_grad_enabled()

@@ -53,6 +53,11 @@ class FoldedDraft:
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         if self._rebind is None:
+            # the composition takes the seed's parameters and defaults: those as they are now (a seed's
+            # __defaults__ may be replaced after fold; the composition's were copied from it)
+            defaults, composition = getattr(self.seed, "__defaults__", None), self.draft._fn
+            if composition.__defaults__ is not defaults:
+                composition.__defaults__ = defaults
             return self.draft(*args, **kwargs)
         positional, keywords = _by_keyword(self._rebind, args, kwargs)
         return self.draft(*positional, **keywords)

@@ -22,6 +22,7 @@ from draftfuse.runtime.checks import DATA_DEPENDENT_FIX, HOST_SYNC_FIX
 from draftfuse.runtime.errors import CudagraphSkipError, DraftCaptureError, GraphBreakError, HostSyncError, RecompileError, first_line
 
 SKIP_MESSAGE = "skipping cudagraphs due to"
+NO_FRAMES_MESSAGE = "found no compiled frames"
 _HOST_READ = re.compile(
     r"\b(item|tolist|numpy|nonzero|unique|_local_scalar_dense|data-dependent|data dependent|dynamic shape operator)\b"
     r"|depends on (the )?input data",
@@ -112,6 +113,14 @@ def from_exception(exc: BaseException, first_host_read: str = "") -> DraftCaptur
         return _classify(title, _explanation(lines), _location(exc), first_host_read)
     if SKIP_MESSAGE in str(exc):
         return _skip_error(str(exc))
+    if NO_FRAMES_MESSAGE in str(exc):  # Dynamo skipped the draft's frame whole (under a TorchDispatchMode, say)
+        skipped = re.search(r"^\s*- \S+ \(([^()]+:\d+)\): (.+)$", str(exc), re.M)
+        return DraftCaptureError(
+            f"torch.compile skipped the draft: {skipped.group(2) if skipped else first_line(str(exc), type(exc).__name__)}",
+            where=skipped.group(1) if skipped else "",
+            fix="call the draft outside what makes Dynamo skip it (a TorchDispatchMode it runs under, say): eager "
+            "runs it there, a compiled draft cannot",
+        )
     if type(exc).__name__ == "InductorError":
         return DraftCaptureError(
             f"torch's compiler (Inductor) failed on this draft, a torch bug rather than the draft's: {first_line(str(exc), type(exc).__name__)}",
