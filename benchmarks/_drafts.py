@@ -38,10 +38,27 @@ clone the graph's outputs, which the next replay overwrites; draft_loop sees to 
 torch._dynamo.reset() gives the warm compile. Compiles are static-shaped (dynamic=False, draft_loop's
 default): one graph per batch size, as CUDA graphs want.
 
-Weights of eagle and draft_model: the LM head is the embedding shifted by one token and the EAGLE head's
-input projection passes the token's embedding through almost unchanged, as in the MTP example, so each
-step's best token leads by a margin far wider than bf16 rounding: equal tokens across variants then test
-the layouts, not luck. Speed does not depend on weight values.
+Every variant reads the same per-call input tensors: the eager and compiled ones take them as arguments,
+raw_cuda_graph copies them into its static buffers on each call, draftfuse reads them where they are.
+Workload.vary() writes a second set of values into those tensors, in place (the same values whenever it
+is called): the input tokens shifted by half the vocabulary, so every drafted token changes; the hidden
+states negated; the position (eagle, draft_model) or the sequence lengths (mtp) one less. An eagle or
+draft_model draft then writes the cache slots pos - 1 .. pos + 2, inside the cache, and each slot it reads
+is either written earlier in the same call or part of the prefix no call writes, so its outputs depend on
+its inputs alone, whichever variant ran before it; mtp's sequence lengths stay in [kv_len / 2 - 1,
+kv_len - 1], >= 1 as the fold is told. A variant that does not read its call's inputs (a stale replay)
+then drafts other tokens.
+
+Weights: the LM head is the embedding shifted by one token, and the EAGLE head's input projection passes
+the token's embedding through almost unchanged, as in the MTP example, so each step's best token (the
+input token plus one, then plus two, ...) leads by a margin far wider than bf16 rounding: equal tokens
+across variants then test the layouts, not luck. The draft model's and the MTP drafter's LM heads are
+scaled so that t + 1 gets the logit temperature * ln(vocab) from a hidden state equal to token t's
+embedding (temperature 0.7 and 1): the drafted tokens' probabilities are then 0.04 to 0.76 at the tiny
+size (batches 1 to 64) and 0.13 to 0.55 at the reference size (batch 8), not saturated. With the MTP
+example's own scale, 2 * sqrt(dim), they were 0.93 to 1 at the tiny size (batch 2) and exactly 1 at the
+reference size, where a wrong temperature or a constant 1 would pass the comparison of probabilities. Speed does
+not depend on weight values.
 """
 
 from __future__ import annotations
@@ -77,10 +94,29 @@ Factory = Callable[[], Callable[[], Outputs]]
 
 @dataclasses.dataclass
 class Workload:
-    """One draft at one batch size: its vocabulary and a factory per variant (see the module doc)."""
+    """One draft at one batch size: its vocabulary, a factory per variant, and vary(), which writes the
+    second set of per-call inputs into the tensors every variant reads (see the module doc)."""
 
     vocab: int
     variants: dict[str, Factory]
+    vary: Callable[[], None]
+
+
+def _vary(*changes: tuple[torch.Tensor, torch.Tensor]) -> Callable[[], None]:
+    """A workload's vary(): copy each (input, value) pair's value into the input tensor, in place. The
+    values are made when the workload is built, so a second vary() writes the same values again."""
+
+    def vary() -> None:
+        for tensor, value in changes:
+            tensor.copy_(value)
+
+    return vary
+
+
+def _other_tokens(tokens: torch.Tensor, vocab: int) -> torch.Tensor:
+    """The tokens shifted by half the vocabulary: each step's best token (the input token plus the step's
+    number) changes."""
+    return (tokens + vocab // 2) % vocab
 
 
 def _as_tuple(out) -> Outputs:
@@ -163,9 +199,13 @@ def _argmax_and_prob(logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
 
 
 @torch.no_grad()
-def _favour_next_token(embed: nn.Embedding, lm_head: nn.Linear) -> None:
-    """LM head row j := embedding row j - 1: a hidden state near token t's embedding scores t + 1 highest."""
-    lm_head.weight.copy_(embed.weight.roll(1, dims=0) * (2.0 / math.sqrt(embed.weight.shape[1])))
+def _favour_next_token(embed: nn.Embedding, lm_head: nn.Linear, next_logit: float | None = None) -> None:
+    """LM head row j := embedding row j - 1, scaled: a hidden state near token t's embedding (entries of
+    variance 1, as the final norm leaves it) scores t + 1 highest, at about `next_logit` (default
+    2 * sqrt(dim), the MTP example's scale), and the other tokens about 0."""
+    vocab, dim = embed.weight.shape
+    next_logit = 2.0 * math.sqrt(dim) if next_logit is None else next_logit
+    lm_head.weight.copy_(embed.weight.roll(1, dims=0) * (next_logit / dim))
 
 
 def _build(make: Callable[[], nn.Module], device: torch.device) -> nn.Module:
@@ -195,8 +235,11 @@ def mtp_hand_fold(model, bonus_tokens, hidden_states, keys, values, seq_lens, st
 
 def build_mtp(size: str, batch: int, device: torch.device, dtype: torch.dtype) -> Workload:
     mtp_size = mtp_frozen_kv.SIZES[size]
-    model = _build(lambda: mtp_frozen_kv.MTPDrafter(mtp_size), device).to(dtype).requires_grad_(False)
+    model = _build(lambda: mtp_frozen_kv.MTPDrafter(mtp_size), device)
+    _favour_next_token(model.embed, model.lm_head, math.log(mtp_size.vocab))  # unsaturated probabilities
+    model = model.to(dtype).requires_grad_(False)
     inputs = mtp_frozen_kv.make_inputs(mtp_size, batch, device, dtype)
+    bonus_tokens, hidden_states, _, _, seq_lens = inputs
     worker = mtp_frozen_kv.FrozenKVMTPWorker(model, batch)
 
     def server_layout() -> Callable[[], Outputs]:
@@ -218,6 +261,11 @@ def build_mtp(size: str, batch: int, device: torch.device, dtype: torch.dtype) -
             "raw_cuda_graph": _raw_cuda_graph(mtp_hand_fold, (model, *inputs), (1, 2, 5), steps=mtp_size.steps),
             "draftfuse": folded,
         },
+        vary=_vary(
+            (bonus_tokens, _other_tokens(bonus_tokens, mtp_size.vocab)),
+            (hidden_states, -hidden_states),
+            (seq_lens, seq_lens - 1),
+        ),
     )
 
 
@@ -281,6 +329,7 @@ def build_eagle(size: str, batch: int, device: torch.device, dtype: torch.dtype)
             "raw_cuda_graph": _raw_cuda_graph(eagle_hand_fold, (head, token, hidden, pos), (1, 2, 3)),
             "draftfuse": _draftfuse(eagle_head.draft_chain, head, token, hidden, pos, steps=STEPS),
         },
+        vary=_vary((token, _other_tokens(token, cfg.vocab)), (hidden, -hidden), (pos, pos - 1)),
     )
 
 
@@ -321,7 +370,7 @@ def draft_model_hand_fold(model, token, pos, steps: int = STEPS, temperature: fl
 def build_draft_model(size: str, batch: int, device: torch.device, dtype: torch.dtype) -> Workload:
     cfg = LAYER_SIZES[size]
     model = _build(lambda: draft_model.DraftModel(cfg, batch), device)
-    _favour_next_token(model.embed, model.lm_head)
+    _favour_next_token(model.embed, model.lm_head, TEMPERATURE * math.log(cfg.vocab))  # unsaturated probabilities
     model = model.to(dtype).requires_grad_(False)
     generator = torch.Generator(device).manual_seed(0)
     token = torch.randint(cfg.vocab, (batch, 1), device=device, generator=generator)
@@ -340,6 +389,7 @@ def build_draft_model(size: str, batch: int, device: torch.device, dtype: torch.
             "raw_cuda_graph": _raw_cuda_graph(draft_model_hand_fold, (model, token, pos), (1, 2)),
             "draftfuse": _draftfuse(draft_model.draft, model, token, pos, steps=STEPS, temperature=TEMPERATURE),
         },
+        vary=_vary((token, _other_tokens(token, cfg.vocab)), (pos, pos - 1)),
     )
 
 

@@ -45,8 +45,25 @@ def row(workload: str, batch: int, vocab: int | None, k: int | None, dtype: str,
 
 
 def row_key(r: dict) -> tuple:
-    """What a row measures: a later row with the same key replaces it."""
+    """What a row measures."""
     return tuple(r.get(k) for k in ("workload", "tp", "batch", "vocab", "k", "dtype", "temperature", "variant"))
+
+
+def unit_key(r: dict) -> tuple:
+    """The unit a row was measured in (a draft workload at a batch; a logits shape): run together, side by
+    side, so that a unit measured again replaces every row of it (a unit that failed has rows of its
+    own, with the error, which must not leave the rows of an earlier run standing beside them)."""
+    if r["workload"] in DRAFT_WORKLOADS:
+        return (r["workload"], r.get("tp"), r["batch"])
+    return (r["workload"], r.get("tp"), r["batch"], r.get("vocab"), r.get("dtype"))
+
+
+def replace_units(rows: dict[tuple, dict], new: list[dict]) -> None:
+    """Add `new` to `rows` (by row_key), first dropping every row of a unit that `new` measures."""
+    units = {unit_key(r) for r in new}
+    for key in [key for key, r in rows.items() if unit_key(r) in units]:
+        del rows[key]
+    rows.update((row_key(r), r) for r in new)
 
 
 def sort_key(r: dict) -> tuple:

@@ -27,7 +27,7 @@ if __name__ == "__main__":
     sys.path.insert(0, str(REPO))
 
 from benchmarks import targets as _targets  # noqa: E402
-from benchmarks._rows import DRAFT_VARIANTS, DRAFT_WORKLOADS, TITLES, row_key, sort_key  # noqa: E402
+from benchmarks._rows import DRAFT_VARIANTS, DRAFT_WORKLOADS, TITLES, replace_units, sort_key  # noqa: E402
 from benchmarks.targets import quotient  # noqa: E402
 
 RESULTS = REPO / "benchmarks" / "results"
@@ -55,17 +55,21 @@ def default_tp(out: Path, name: str) -> Path | None:
 
 
 def merge(files: list[Path]) -> tuple[dict, list[dict]]:
-    """One results object from several: the first file's meta, every file's runs, rows by row_key."""
+    """One results object from several: the last file's meta (where it has the field; the header then
+    names the latest run), every file's runs, and each unit's rows from the last file that measured it."""
     meta: dict = {}
     runs: list[dict] = []
     rows: dict[tuple, dict] = {}
     for path in files:
         file_meta, file_rows = read_results(path)
-        runs += file_meta.pop("runs", [])
-        for key, value in file_meta.items():
-            if meta.get(key) is None:
-                meta[key] = value
-        rows.update((row_key(r), r) for r in file_rows)
+        later = file_meta.pop("runs", [])
+        remeasured = {label for run in later for label in run.get("measured", [])}
+        for run in runs:  # an earlier run's units measured again are no longer its own
+            if "measured" in run:
+                run["measured"] = [label for label in run["measured"] if label not in remeasured]
+        runs = [run for run in runs if run.get("measured") != [] or run.get("skipped")] + later
+        meta.update((key, value) for key, value in file_meta.items() if value is not None)
+        replace_units(rows, file_rows)
     return {**meta, "runs": runs}, sorted(rows.values(), key=sort_key)
 
 
@@ -269,8 +273,14 @@ NOTES = [
     "- Launches: torch.profiler host events per call; a launch inside another launch call counts once. Kernels "
     "inside a CUDA graph replay are not launched individually: a replay shows as one cudaGraphLaunch. "
     "Selection launches are of the call run eagerly (its timing is inside a CUDA graph).",
-    "- Tokens: each draft variant's tokens compared with those of the variants named in `compared with`; "
-    "the weights make each step's best token lead by far more than bf16 rounding, so all must agree.",
+    "- Tokens (drafts): after the timing, each variant is called on the workload's inputs, then on other inputs "
+    "written into the same tensors (other tokens, hidden states, positions), its outputs cloned as each call "
+    "returns; tokens must equal those of the variants named in `compared with` and the probabilities be within "
+    "0.05 of theirs (probs_max_abs_diff in the json; one bf16 step of a logit moves them by up to 0.022), and "
+    "tokens_changed_by_inputs shows the second set drafted other tokens. Tokens (selection): the outputs of the "
+    "eager call and of every call in the timed CUDA graph, after its last replay: k distinct indices of the k "
+    "largest logits in descending order, and softmax's probabilities there within 1e-4 relative (float64 "
+    "reference; prob_rel_error in the json). A row whose outputs are wrong misses every target it is in.",
     "- compile cold: the first call (compile, CUDA-graph warm-up or capture) in a fresh Inductor cache; compile "
     "warm (each workload's first batch only): after torch._dynamo.reset(), a fresh compile of the same function.",
 ]

@@ -50,7 +50,7 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))  # draftfuse and benchmarks from this checkout: nothing needs installing
 
 from benchmarks import _draft_bench, _selection_bench, report, targets  # noqa: E402
-from benchmarks._rows import DRAFT_VARIANTS, DRAFT_WORKLOADS, WORKLOADS, results_name, row, row_key  # noqa: E402
+from benchmarks._rows import DRAFT_VARIANTS, DRAFT_WORKLOADS, WORKLOADS, results_name, replace_units, row, row_key  # noqa: E402
 from draftfuse import _measure  # noqa: E402
 
 DRAFT_BATCHES, QUICK_DRAFT_BATCHES = (1, 8, 32, 64), (1, 32)
@@ -85,7 +85,7 @@ class _Results:
             self.runs = old_meta.get("runs", [])
 
     def add(self, label: str, rows: list[dict]) -> None:
-        self.rows.update((row_key(r), r) for r in rows)
+        replace_units(self.rows, rows)
         for run in self.runs:  # measured now: neither skipped nor measured by an earlier run any more
             run["skipped"] = [s for s in run.get("skipped", []) if s != label]
             if "measured" in run:

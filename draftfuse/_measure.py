@@ -99,21 +99,30 @@ def device_time_us(call: Callable[[], object], device: torch.device) -> float:
 
 
 def time_in_graph(
-    call: Callable[[torch.Tensor], object], inputs: list[torch.Tensor], replays: int, selection_workspace: bool = True
+    call: Callable[[torch.Tensor], object],
+    inputs: list[torch.Tensor],
+    replays: int,
+    selection_workspace: bool = True,
+    check: Callable[[int, object], None] | None = None,
 ) -> list[float]:
     """µs per call of `call` over `inputs`, all captured back to back in one CUDA graph: one sample per
     replay (the replay's event time over len(inputs)). Kernel time, without launch gaps.
 
     draftfuse's selection kernels in `call` are captured as draftfuse's recorder captures them: with a
     workspace made before the capture (`selection_workspace=False`: as a bare `torch.cuda.graph` capture
-    does, each launch then filling a workspace of its own, one more kernel per call)."""
+    does, each launch then filling a workspace of its own, one more kernel per call). `check(i, outputs)`,
+    where given, is called after the last replay with the outputs of the captured call over `inputs[i]`:
+    what the timed replays computed (each call's outputs are held, so none is written by another)."""
     call(inputs[0])  # compiles kernels, warms the allocator: neither may happen inside the capture
     workspace = selection.graph_workspace(inputs[0].device) if selection_workspace else None
     torch.cuda.synchronize()
     graph = torch.cuda.CUDAGraph()
+    outputs = []
     with selection.capturing_with(workspace), torch.cuda.graph(graph):
         for x in inputs:
-            call(x)
+            out = call(x)
+            if check is not None:
+                outputs.append(out)
     graph.replay()
     events = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)) for _ in range(replays)]
     for start, end in events:
@@ -121,6 +130,8 @@ def time_in_graph(
         graph.replay()
         end.record()
     torch.cuda.synchronize()
+    for i, out in enumerate(outputs):
+        check(i, out)
     return [start.elapsed_time(end) * 1e3 / len(inputs) for start, end in events]
 
 

@@ -3,12 +3,14 @@ measuring helpers it shares with the examples and the demo (draftfuse/_measure.p
 
 The end-to-end test runs the script in a subprocess, as it runs on the GPU machine, so its compiles,
 Dynamo state and CPU settings stay out of this process: one draft workload (all five variants, compiled
-twice) and the selection, a few seconds once Inductor's cache is warm. The report tests build rows by
-hand: no compile.
+twice) and the selection, a few seconds once Inductor's cache is warm. The draft check's tests run
+bench_draft here, on a tiny draft with one variant made wrong (a stale replay, a wrong temperature) or on
+a workload of plain functions (no compile). The report tests build rows by hand: no compile.
 """
 
 import inspect
 import json
+import math
 import subprocess
 import sys
 from pathlib import Path
@@ -16,30 +18,34 @@ from pathlib import Path
 import pytest
 import torch
 
-from benchmarks import _rows, report, run, selection
+from benchmarks import _draft_bench, _drafts, _rows, _selection_bench, report, run, selection
 from draftfuse import _measure
 
 SCRIPT = Path(run.__file__)
 DRAFT_VARIANTS = ["eager", "eager_seed+captured_loop", "hand_fold+hand_argmax", "raw_cuda_graph", "draftfuse"]
 GPU_ONLY = ("graph_launches_per_call", "kernel_launches_per_call", "host_us_per_call")
+DRAFT_CHECK = ("probs_max_abs_diff", "tokens_changed_by_inputs")  # the draft rows' fields beyond ROW_KEYS
+SELECTION_CHECK = ("prob_rel_error", "rewritten")  # the selection rows' (rewritten: draftfuse's temperature rows)
 META = {"gpu": "NVIDIA H200", "torch": "2.11.0", "date": "today", "copy_bandwidth_TBps": 2.77}
 
 
 @pytest.mark.slow
 def test_entry_point_writes_results_and_prints_the_table_last(tmp_path):
     argv = ["--device", "cpu", "--size", "tiny", "--quick", "--rounds", "3", "--batches", "2", "--out", str(tmp_path)]
-    command = [sys.executable, str(SCRIPT), *argv, "--only", "selection", "eagle"]
+    command = [sys.executable, str(SCRIPT), *argv, "--only", "selection", "draft_model"]
     done = subprocess.run(command, capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-4000:]
     results = json.loads((tmp_path / "cpu.json").read_text())
     assert list(results) == ["gpu", "torch", "date", "copy_bandwidth_TBps", "runs", "rows"]
     assert results["gpu"] == "cpu" and results["copy_bandwidth_TBps"] is None
-    assert results["runs"][0]["command"].endswith("--only selection eagle") and results["runs"][0]["skipped"] == []
+    assert results["runs"][0]["command"].endswith("--only selection draft_model")
+    assert results["runs"][0]["skipped"] == []
     rows = results["rows"]
-    assert {r["workload"] for r in rows} == {"selection", "eagle"}
+    assert {r["workload"] for r in rows} == {"selection", "draft_model"}
     scale_supported = "scale" in inspect.signature(selection.selection_call).parameters
     for row in rows:
-        assert list(row)[: len(_rows.ROW_KEYS)] == list(_rows.ROW_KEYS) and set(row) - set(_rows.ROW_KEYS) <= {"error"}
+        extra = {"error", *DRAFT_CHECK} if row["workload"] == "draft_model" else {"error", *SELECTION_CHECK}
+        assert list(row)[: len(_rows.ROW_KEYS)] == list(_rows.ROW_KEYS) and set(row) - set(_rows.ROW_KEYS) <= extra
         if row.get("error"):  # only the temperature rows of draftfuse, until selection_call takes a scale
             assert not scale_supported and (row["temperature"], row["variant"]) == ("tensor", "draftfuse"), row
             assert "no `scale` argument yet" in row["error"]
@@ -47,14 +53,21 @@ def test_entry_point_writes_results_and_prints_the_table_last(tmp_path):
         assert row["batch"] == 2 and row["median_us"] > 0 and row["p10_us"] <= row["median_us"] <= row["p90_us"]
         assert all(row[key] is None for key in GPU_ONLY)  # no CUDA graphs, launches or busy device on a CPU
         assert row["tokens_match"] is True, row
+        if row["workload"] == "selection" and row["variant"] in ("softmax+topk", "draftfuse"):
+            assert 0 <= row["prob_rel_error"] <= _selection_bench.PROB_RTOL, row  # probabilities against float64
+        if row["workload"] == "selection" and row["temperature"] and row["variant"] == "draftfuse":
+            assert row["rewritten"] is True, row  # softmax(x / t[:, None]) + topk went through the passes
 
-    drafts = [r for r in rows if r["workload"] == "eagle"]
+    drafts = [r for r in rows if r["workload"] == "draft_model"]
     assert [r["variant"] for r in drafts] == DRAFT_VARIANTS
     for row in drafts:
         compiled = row["variant"] != "eager"
         assert (row["compile_cold_s"] is not None) == compiled and (row["compile_warm_s"] is not None) == compiled
         if row["variant"] in ("raw_cuda_graph", "draftfuse"):
             assert row["tokens_reference"] == "eager, hand_fold+hand_argmax"
+        # the tokens and probabilities (fp32 at the tiny size) of both input sets, and the second set's tokens differ
+        assert row["tokens_changed_by_inputs"] is True and 0 <= row["probs_max_abs_diff"] < 1e-5, row
+        assert "notes" not in row
     selected = {(r["dtype"], r["k"], r["temperature"], r["variant"]) for r in rows if r["workload"] == "selection"}
     dtypes, ks = ("bfloat16", "float32"), (1, 4, 8, 16)
     plain = {k: ("softmax+topk", "torch.argmax" if k == 1 else "torch.topk", "draftfuse") for k in ks}
@@ -65,11 +78,87 @@ def test_entry_point_writes_results_and_prints_the_table_last(tmp_path):
     table = (tmp_path / "cpu.md").read_text()
     assert "## Targets" in table and "| target | met | missed | not measured |" in table
     temperature = next(line for line in table.splitlines() if line.startswith("| selection with a temperature tensor"))
-    assert temperature.startswith("| selection with a temperature tensor: tokens match | 16 | 0 |" if scale_supported else
-                                  "| selection with a temperature tensor: tokens match | 8 | 8 |")  # fmt: skip
-    assert "## eagle:" in table and "| raw_cuda_graph |" in table
+    assert temperature.startswith("| selection with a temperature tensor: rewritten and exact (draftfuse) | 8 | 0 |"
+                                  if scale_supported else "| selection with a temperature tensor: rewritten and exact (draftfuse) | 0 | 8 |")  # fmt: skip
+    assert "## draft_model:" in table and "| raw_cuda_graph |" in table
     assert done.stdout.rstrip().endswith(table.rstrip())  # the markdown comes last
     assert "matplotlib is not installed: plot skipped" in done.stdout or (tmp_path / "cpu.png").exists()
+
+
+def _first_outputs_forever(make: _drafts.Factory) -> _drafts.Factory:
+    """The variant of factory `make` made stale: every call returns clones of its first call's outputs."""
+
+    def stale_make():
+        call, first = make(), []
+
+        def stale():
+            if not first:
+                first.append(tuple(t.clone() for t in call()))
+            return tuple(t.clone() for t in first[0])
+
+        return stale
+
+    return stale_make
+
+
+def _bench(workload: str) -> dict[str, dict]:
+    """bench_draft of `workload` at the tiny size, batch 2, fp32, one timed round, no warm compile: rows by variant."""
+    with torch.no_grad():
+        rows = _draft_bench.bench_draft(workload, "tiny", 2, torch.device("cpu"), torch.float32, 1, False)
+    assert [r["variant"] for r in rows] == DRAFT_VARIANTS and not any(r.get("error") for r in rows), rows
+    return {r["variant"]: r for r in rows}
+
+
+@pytest.mark.slow
+def test_the_draft_check_fails_a_variant_that_returns_stale_outputs(monkeypatch, fresh_dynamo):
+    """eagle with its draftfuse variant returning its first call's outputs on every call: its tokens equal
+    the references' on the inputs it first saw and not after Workload.vary(), so its row's tokens_match is
+    False and its tokens did not change; every other variant drafts other tokens and matches."""
+    draftfuse = _drafts._draftfuse
+    monkeypatch.setattr(_drafts, "_draftfuse", lambda *args, **kw: _first_outputs_forever(draftfuse(*args, **kw)))
+    rows = _bench("eagle")
+    assert rows["draftfuse"]["tokens_match"] is False and rows["draftfuse"]["tokens_changed_by_inputs"] is False
+    for variant in DRAFT_VARIANTS[:-1]:
+        assert rows[variant]["tokens_match"] is True and rows[variant]["tokens_changed_by_inputs"] is True, variant
+    assert all(r["probs_max_abs_diff"] is None and "notes" not in r for r in rows.values())  # eagle: tokens only
+
+
+@pytest.mark.slow
+def test_the_draft_check_fails_probabilities_at_a_wrong_temperature(monkeypatch, fresh_dynamo):
+    """draft_model with its draftfuse variant drafting at temperature 1.0 instead of 0.7: the same tokens
+    (argmax does not depend on the temperature), probabilities off by far more than PROBS_TOLERANCE, so
+    its tokens_match is False; the other variants' fp32 probabilities agree to 1e-5."""
+    draftfuse = _drafts._draftfuse
+    monkeypatch.setattr(_drafts, "_draftfuse", lambda fn, *args, **kw: draftfuse(fn, *args, **{**kw, "temperature": 1.0}))
+    rows = _bench("draft_model")
+    assert rows["draftfuse"]["tokens_match"] is False
+    assert rows["draftfuse"]["probs_max_abs_diff"] > 3 * _draft_bench.PROBS_TOLERANCE
+    for variant in DRAFT_VARIANTS[:-1]:
+        assert rows[variant]["tokens_match"] is True and rows[variant]["probs_max_abs_diff"] < 1e-5, rows[variant]
+    assert all(r["tokens_changed_by_inputs"] is True for r in rows.values())
+
+
+def test_the_draft_rows_say_when_the_inputs_do_not_change_the_tokens(monkeypatch):
+    """A workload of plain functions whose vary() changes nothing: every row says that the tokens did not
+    change, and its notes that tokens_match then does not show the variant reads its inputs; a NaN
+    probability fails its row (probs_max_abs_diff NaN), a difference of half PROBS_TOLERANCE passes."""
+    tolerance = _draft_bench.PROBS_TOLERANCE
+    tokens, probs = torch.tensor([[3, 4]]), torch.tensor([[0.5, 0.25]])
+    off = {"draftfuse": torch.tensor([[math.nan, 0.25]]), "raw_cuda_graph": probs + tolerance / 2}
+
+    def variant(name: str) -> _drafts.Factory:
+        return lambda: lambda: (tokens.clone(), off.get(name, probs).clone())
+
+    def build(size, batch, device, dtype) -> _drafts.Workload:
+        return _drafts.Workload(vocab=8, variants={name: variant(name) for name in DRAFT_VARIANTS}, vary=lambda: None)
+
+    monkeypatch.setitem(_drafts.WORKLOADS, "mtp", build)
+    rows = _draft_bench.bench_draft("mtp", "tiny", 1, torch.device("cpu"), torch.float32, 1, False)
+    for r in rows:
+        assert r["tokens_changed_by_inputs"] is False and "Workload.vary()" in r["notes"], r
+        assert r["tokens_match"] is (r["variant"] != "draftfuse"), r
+    assert rows[3]["variant"] == "raw_cuda_graph" and rows[3]["probs_max_abs_diff"] == pytest.approx(tolerance / 2)
+    assert math.isnan(rows[4]["probs_max_abs_diff"])  # draftfuse
 
 
 def _draft(workload: str, batch: int, variant: str, us: float, host: float | None = None, **fields) -> dict:
@@ -132,13 +221,17 @@ def test_table_marks_each_target_met_or_missed_with_its_ratio(monkeypatch):
             "k = 4 adds 1.80 (1×) |") in table
     assert ("| 0 | 1 | 95 | bfloat16 V=128256 B=1 k=4: 9.09× vs >= 10.00× (ratio 0.91). Reasons: 10x asks for 8.00 µs "
             "here, k = 1 takes 7.00 (1×) |") in table
-    assert "tokens match | 1 | 1 | 318 | bfloat16 V=128256 B=1 k=4 draftfuse: tokens match no |" in table
+    # draftfuse's temperature rows only; a row with wrong outputs misses every target it is measured for
+    assert "rewritten and exact (draftfuse) | 0 | 1 | 159 | bfloat16 V=128256 B=1 k=4: tokens match no |" in table
+    assert ("× its time without | 0 | 1 | 159 | bfloat16 V=128256 B=1 k=4: 1.02× vs <= 1.05× (ratio 0.97). Reasons: "
+            "outputs not exact (tokens_match: no) (1×) |") in table
     assert _line(table, "| draftfuse device µs now / previous") == (
         "| draftfuse device µs now / previous results (wave 1) ≤ 1 (batch 1..64) | 1 | 1 | 10 | eagle batch 1: 1.03 vs "
         "<= 1.00 (ratio 1.03) |"
     )
     assert "k=1 and 4) | 1 | 0 | 1 | – |" in table  # 100 / 40 = 2.5× at k=1; k=4 not measured
-    assert "≤ 1 (batch 1) | 0 | 1 | 0 | tp 2 V=128256 B=1 k=1: 1.25× vs <= 1.00× (ratio 1.25) |" in table
+    assert ("≤ 1 (batch 1) | 0 | 1 | 0 | tp 2 V=128256 B=1 k=1: 1.25× vs <= 1.00× (ratio 1.25). Reasons: outputs not "
+            "exact (tokens_match: no) (1×) |") in table  # slower, and its tokens wrong
     assert "tokens match on every row | 3 | 1 | 0 |" in table
     assert "(batch 64, vocab 128256) | 0 | 0 | 1 | – |" in table  # no tp 4/8 rows
     assert "Not measured (time budget): eagle 8." in table
@@ -261,3 +354,37 @@ def test_selection_subsets_are_partial_runs_of_those_shapes_only():
     assert all(unit[0] == "float32" and unit[1] == 262144 for workload, unit in run._units(args) if workload == "selection")
     assert run._partial(args) and run._partial(run._parse_args(["--device", "cpu", "--dtypes", "bfloat16"]))
     assert not run._partial(run._parse_args(["--device", "cpu"]))
+
+
+def test_the_selection_check_fails_wrong_indices_order_and_probabilities():
+    """exact(): the k largest, distinct, in descending order, with softmax's probabilities (a check that
+    sorted the picked logits passed a duplicated index, a reversed top-k and any probabilities)."""
+    logits = torch.tensor([[5.0, 7.0, 7.0, 1.0], [0.0, 3.0, 2.0, 1.0]])
+    probs = torch.softmax(logits.double(), -1)
+    index = torch.tensor([[1, 2], [1, 2]])
+    right = (probs.gather(-1, index).float(), index)
+    assert _selection_bench.exact(logits, right, 2, probs=True)[0]
+    tie = torch.tensor([[2, 1], [1, 2]])  # logits 7 and 7: either order
+    assert _selection_bench.exact(logits, (probs.gather(-1, tie).float(), tie), 2, probs=True)[0]
+    duplicated = torch.tensor([[1, 1], [1, 2]])
+    assert not _selection_bench.exact(logits, (probs.gather(-1, duplicated).float(), duplicated), 2, probs=True)[0]
+    reversed_ = torch.tensor([[1, 2], [2, 1]])
+    assert not _selection_bench.exact(logits, (probs.gather(-1, reversed_).float(), reversed_), 2, probs=True)[0]
+    assert not _selection_bench.exact(logits, (right[0].flip(0), index), 2, probs=True)[0]  # rows' probabilities swapped
+    assert not _selection_bench.exact(logits, (torch.full_like(right[0], math.nan), index), 2, probs=True)[0]
+    assert _selection_bench.exact(logits, index, 2, probs=False) == (True, None)  # indices alone (torch.topk's)
+
+
+def test_a_unit_measured_again_replaces_every_row_of_it():
+    """A draft unit that failed in a later run (its rows carry the error, and no vocabulary) replaces the
+    earlier run's rows of that workload and batch: the target shows the failure, not the stale time."""
+    from benchmarks import targets
+
+    old = [_draft("mtp", 1, "draftfuse", 2300.0, host=10.0)]
+    failed = [_rows.row("mtp", 1, None, 1, "bfloat16", v, error="CUDA out of memory") for v in _rows.DRAFT_VARIANTS]
+    merged: dict = {}
+    _rows.replace_units(merged, old)
+    _rows.replace_units(merged, failed)
+    assert len(merged) == len(failed) and all(r.get("error") for r in merged.values())
+    host = next(p for p in targets.all_points(list(merged.values())) if p.target == "host" and p.where == "mtp batch 1")
+    assert host.met is False and "out of memory" in host.reason
