@@ -7,8 +7,9 @@ the time per draft of eager, Inductor and draftfuse side by side, and on a GPU t
 draft. The head is small enough that the demo, two compiles included, runs in under a minute on a
 2-core CPU.
 
-explain: `draftfuse.explain` on the draft that FILE's `explain_target(argv)` returns (the examples in
-examples/ define one); arguments after FILE go to that function.
+explain: `draftfuse.explain` on the draft that FILE's `explain_target(argv)` returns (examples/eagle_head.py,
+medusa_heads.py and draft_model.py define one): `python -m draftfuse explain [--graphs] FILE [ARGS...]`,
+the arguments after FILE going to that function.
 """
 
 from __future__ import annotations
@@ -133,6 +134,7 @@ def explain_file(path: str, argv: list[str], graphs: bool = False) -> None:
     sys.path.insert(0, str(file.parent))  # as when the file runs as a script: its sibling modules import
     spec = importlib.util.spec_from_file_location(file.stem, file)
     module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # as an import does (dataclasses, pickling and typing look it up there)
     spec.loader.exec_module(module)
     if not hasattr(module, "explain_target"):
         raise SystemExit(f"{path} has no explain_target(argv) returning (draft function, args, kwargs)")

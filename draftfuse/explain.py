@@ -2,21 +2,23 @@
 
     print(draftfuse.explain(draft, head, token, hidden, pos, steps=3))
     print(draftfuse.explain(draft, head, token, hidden, pos).format(graphs=True))   # graphs and diffs too
-    python -m draftfuse explain examples/eagle_head.py [--graphs]
+    python -m draftfuse explain [--graphs] examples/eagle_head.py
 
-It traces `fn(*args, **kwargs)` with Dynamo (through torch._dynamo.explain, so graph breaks are
-recorded instead of raised), runs the pipeline's prepare step on every graph with the default options
-(the seed fold, then softmax -> topk) and the capture checks `draft_loop` runs, without compiling
-further. The summary leads with the verdict (one captured region or not), then each rewrite and
-refusal by the user's source line with its reason, the inputs written in place, and everything that
-would keep the draft from being one captured region (graph breaks, host syncs, CPU inputs, dynamic
-shapes), each with file:line and the fix; `format(graphs=True)` adds each graph as traced and each
-pass's diff. Graph breaks are translated by the translator `draft_loop` uses, so both say the same.
+It traces `fn(*args, **kwargs)` as `draft_loop` does (a copy of its code, fullgraph, without grad, static
+shapes), runs the pipeline's prepare step on the graph with the default options (the seed fold, then
+softmax -> topk) and the capture checks `draft_loop` runs, and stops there: nothing of the draft runs and
+nothing is compiled further. The summary leads with the verdict (one captured region or not), then each
+rewrite and refusal by the user's source line with its reason, the inputs written in place, and
+everything that would keep the draft from being one captured region (host syncs, CPU inputs, dynamic
+shapes, or the graph break, host read or error that ends the trace: the first one, as `draft_loop`
+raises it, with the same class, line and fix; the passes then report on the graph before it), each with
+file:line and the fix; `format(graphs=True)` adds the graph as traced and each pass's diff.
 
-Limits: `fn` runs once (its in-place writes happen, as in any call); like torch._dynamo.explain it
-resets Dynamo's caches, so explain a draft before compiling it, not in the middle of serving. The
-post-grad passes (softmax -> topk after decomposition, setup merging) need a real compile: their
-reports are in a draft_loop's `compiles[i].reports` after its first call.
+Limits: it reports the first thing that ends the trace (fix it and explain again), with the default
+options; where the draft's first traced op comes after a graph break, what precedes it runs (to trace
+the graph after the break). Dynamo's caches of other functions are left as they are. The post-grad passes (softmax -> topk
+after decomposition, setup merging) need a real compile: their reports are in a draft_loop's
+`compiles[i].reports` after its first call.
 """
 
 from __future__ import annotations
@@ -31,7 +33,8 @@ from typing import Any
 import torch
 
 from draftfuse.options import Options
-from draftfuse.runtime import checks, translate
+from draftfuse.runtime import checks
+from draftfuse.runtime.draft_loop import _Captured, trace_as_draft_loop, trace_before_break
 from draftfuse.runtime.errors import DraftCaptureError
 from draftfuse.runtime.pipeline import Prepared, prepare
 from draftfuse.testing import graph_text
@@ -57,7 +60,7 @@ class Explanation:
 
     draft: str  # the function's name and file:line
     graphs: list[GraphExplanation]
-    graph_breaks: list[DraftCaptureError]
+    graph_breaks: list[DraftCaptureError]  # what ended the trace (a graph break, a host read, an error), if anything
 
     @property
     def obstacles(self) -> list[DraftCaptureError]:
@@ -70,6 +73,8 @@ class Explanation:
 
     def format(self, *, graphs: bool = False) -> str:
         verdict = "one captured region" if self.one_region else "NOT one captured region"
+        if not self.graphs and not self.obstacles:
+            verdict = "nothing to capture (Dynamo traced no tensor op)"
         lines = [f"draftfuse.explain: {self.draft}", f"verdict: {verdict} ({len(self.graphs)} Dynamo graph(s), {len(self.graph_breaks)} graph break(s))"]
         if self.obstacles:
             lines += ["", "what keeps it from being one captured region:"]
@@ -97,15 +102,22 @@ class Explanation:
 def explain(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Explanation:
     """Trace `fn(*args, **kwargs)`, run draftfuse's passes and capture checks on its graphs, and report
     (see the module docstring)."""
-    traced = torch._dynamo.explain(fn)(*args, **kwargs)
     options = Options()
-    graphs = []
-    for gm in traced.graphs:
+    graphs: list[GraphExplanation] = []
+
+    def probe(gm: torch.fx.GraphModule, example_inputs: list[Any]) -> Any:
         prepared = prepare(gm, options)
         found = checks.obstacles(prepared.graph_module, allow_dynamic=False)
         graphs.append(GraphExplanation(prepared, found, checks.written_inputs(prepared.graph_module)))
-    breaks = [translate.from_break(reason) for reason in traced.break_reasons if reason.graph_break]
-    return Explanation(_describe_function(fn), graphs, breaks)
+        raise _Captured  # the draft does not run
+
+    try:
+        trace_as_draft_loop(fn, probe, args, kwargs)
+    except DraftCaptureError as error:
+        if not graphs:  # the graph before the obstacle, for its rewrites and written inputs
+            trace_before_break(fn, False, args, kwargs, probe)
+        return Explanation(_describe_function(fn), graphs, [error])
+    return Explanation(_describe_function(fn), graphs, [])
 
 
 def _describe_function(fn: Callable[..., Any]) -> str:

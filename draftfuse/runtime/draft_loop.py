@@ -110,6 +110,51 @@ class _Captured(Exception):
     """Raised by the probe backend once it holds the graph: nothing of the draft runs."""
 
 
+def trace_before_break(fn: Callable[..., Any], dynamic: bool | None, args: tuple, kwargs: dict, backend: Callable[..., Any]) -> None:
+    """Trace `fn` without fullgraph into `backend`, which raises _Captured once it has the first graph:
+    the graph before the draft's first graph break. Nothing of the draft runs but what comes before its
+    first traced op, where that op is past a break; its code is a copy, so the draft's cache is untouched."""
+    try:
+        with torch.no_grad():
+            torch.compile(own_code(fn), dynamic=dynamic, backend=backend)(*args, **kwargs)
+    except Exception:
+        pass
+
+
+def first_data_dependent(fn: Callable[..., Any], dynamic: bool | None, args: tuple, kwargs: dict) -> str:
+    """file:line of the draft's first op whose size or value depends on the data: traced again without
+    fullgraph, the graph before the failure holds it."""
+    graphs: list[torch.fx.GraphModule] = []
+
+    def probe(gm: torch.fx.GraphModule, example_inputs: list) -> Any:
+        graphs.append(gm)
+        raise _Captured
+
+    trace_before_break(fn, dynamic, args, kwargs, probe)
+    for gm in graphs:
+        for node in gm.graph.nodes:
+            if checks.host_read(node) or checks.defines_data_dependent_value(node):
+                return user_location(node)
+    return ""
+
+
+def trace_as_draft_loop(fn: Callable[..., Any], backend: Callable[..., Any], args: tuple, kwargs: dict, dynamic: bool | None = False) -> None:
+    """Trace `fn(*args, **kwargs)` as draft_loop's compile does (its own code copy, fullgraph, no grad)
+    into `backend`; a failure of the trace is raised as the DraftCaptureError draft_loop raises for it.
+    A backend that raises _Captured ends the trace there: nothing of the draft runs."""
+    try:
+        with torch.no_grad():
+            torch.compile(own_code(fn), fullgraph=True, dynamic=dynamic, backend=backend)(*args, **kwargs)
+    except Exception as exc:
+        if isinstance(getattr(exc, "inner_exception", None), _Captured) or isinstance(exc, _Captured):
+            return
+        first = first_data_dependent(fn, dynamic, args, kwargs) if translate.is_data_dependent(exc) else ""
+        error = translate.from_exception(exc, first)
+        if error is None:
+            raise
+        raise error.with_traceback(None) from (None if error is exc or error is getattr(exc, "inner_exception", None) else exc)
+
+
 class DraftLoop:
     """A draft function (or a method bound to one instance) compiled as one region; see the module doc."""
 
@@ -300,25 +345,7 @@ class DraftLoop:
             self._replays.insert(0, replay)
 
     def _first_data_dependent(self, args: tuple, kwargs: dict) -> str:
-        """file:line of the draft's first op whose size or value depends on the data: traced again
-        without fullgraph, the graph before the failure holds it. The probe backend raises once it has
-        the graph, so nothing of the draft runs; its code is a copy, so the draft's cache is untouched."""
-        graphs: list[torch.fx.GraphModule] = []
-
-        def probe(gm: torch.fx.GraphModule, example_inputs: list) -> Any:
-            graphs.append(gm)
-            raise _Captured
-
-        try:
-            with torch.no_grad():
-                torch.compile(own_code(self._fn), dynamic=self._dynamic, backend=probe)(*args, **kwargs)
-        except Exception:
-            pass
-        for gm in graphs:
-            for node in gm.graph.nodes:
-                if checks.host_read(node) or checks.defines_data_dependent_value(node):
-                    return user_location(node)
-        return ""
+        return first_data_dependent(self._fn, self._dynamic, args, kwargs)
 
     # ---- the compile: prepare -> checks -> lower ----
 

@@ -1,8 +1,8 @@
 """One translator from what torch raises (or records) while capturing a draft to the DraftCaptureError
 a draft's author should get: the cause in plain words, the user's file:line, a fix that fits a draft.
 
-`draft_loop` and `fold` translate the exceptions of a compile (`from_exception`), `explain` the graph
-breaks Dynamo records (`from_break`); both go through `_classify`, so they agree. Dynamo's own hints
+`draft_loop`, `fold` and `explain` (which traces as draft_loop compiles) translate the exceptions of a
+compile (`from_exception`), so they agree. Dynamo's own hints
 are not repeated: for a host read they suggest tracing the read into the graph
 (capture_scalar_outputs), which still syncs with the host on every call; a draft needs the value kept
 on the device, a padded static size, or the work moved after the draft.
@@ -13,7 +13,6 @@ from __future__ import annotations
 import os
 import re
 import sysconfig
-from typing import Any
 
 import torch
 from torch.fx.experimental.symbolic_shapes import GuardOnDataDependentSymNode
@@ -154,11 +153,3 @@ def is_data_dependent(exc: BaseException) -> bool:
         exc = getattr(exc, "inner_exception", None) or exc.__cause__
     return False
 
-
-def from_break(reason: Any) -> DraftCaptureError:
-    """A graph break Dynamo recorded (torch._dynamo.explain's GraphCompileReason), as draft_loop's error."""
-    lines = _lines(reason.reason)
-    frame = reason.user_stack[-1] if reason.user_stack else None
-    where = f"{frame.filename}:{frame.lineno}" if frame else ""
-    title = lines[0] if lines else "graph break"
-    return _classify(title.removeprefix("Graph Break Reason: "), _explanation(lines), where)
