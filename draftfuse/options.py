@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import typing
 from collections.abc import Mapping
 from typing import Any
 
@@ -73,7 +74,11 @@ class Options:
             if key in _CHOICES:
                 own[key] = value
             elif key.replace("-", "_") in _inductor_config_names():
-                inductor[key.replace("-", "_")] = value
+                name = key.replace("-", "_")
+                expected = torch._inductor.config.get_type(name)  # as torch.compile checks its options
+                if typing.get_origin(expected) is None and isinstance(expected, type) and not isinstance(value, expected):
+                    raise ValueError(f"draftfuse: Inductor option {key!r} takes a {expected.__name__}, not {value!r}")
+                inductor[name] = value
             else:
                 raise ValueError(
                     f"draftfuse: unknown option {key!r}. draftfuse's options are {sorted(_CHOICES)}; "

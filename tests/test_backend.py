@@ -223,3 +223,65 @@ def test_draft_graphs_do_not_depend_on_an_earlier_trace():
     for k in (1, 4, 8):
         graphs = draftfuse.testing.draft_graphs(_top_k_of_tempered, logits, temperature, k=k)
         assert "softmax+topk(k=" in graphs.report and "refused" not in graphs.report, (k, graphs.report)
+
+
+class _Bf16Head(torch.nn.Module):
+    """A head whose parameters require grad, as any module's do: a draft run without no_grad."""
+
+    def __init__(self):
+        super().__init__()
+        self.lm_head = torch.nn.Linear(8, 100)
+
+    def forward(self, hidden):
+        return self.lm_head(hidden)
+
+
+@pytest.mark.parametrize("case", ["bf16 values (round_to)", "kernels", "probs ones"])
+def test_a_draft_run_with_grad_enabled_compiles_and_keeps_its_gradients(case):
+    """With grad enabled the rewritten graph goes through AOTAutograd's backward: draftfuse's ops there
+    need a backward (round_to has one; the selection kernels have none, so torch's ops are used), and
+    probs="ones" would cut the gradient (so the exact values are emitted). Each crashed or detached."""
+    torch.manual_seed(0)
+    head, hidden = _Bf16Head(), torch.randn(2, 8)
+    if case == "bf16 values (round_to)":
+        head, hidden, options, k = head.bfloat16(), hidden.bfloat16(), {}, 4
+    else:
+        options, k = {"lowering": "kernels"} if case == "kernels" else {"probs": "ones"}, 1
+
+    def draft(hidden):
+        return torch.softmax(head(hidden).float() if case != "bf16 values (round_to)" else head(hidden), -1).topk(k)
+
+    values, index = torch.compile(draft, backend="draftfuse", options=options, fullgraph=True)(hidden)
+    want_values, want_index = draft(hidden)
+    assert torch.equal(index, want_index)
+    torch.testing.assert_close(values, want_values)
+    assert values.requires_grad
+    values.float().sum().backward()
+    got = head.lm_head.weight.grad.clone()
+    head.zero_grad()
+    want_values.float().sum().backward()
+    bf16 = dict(atol=1e-4, rtol=2e-2) if case == "bf16 values (round_to)" else {}  # bf16 backward kernels round apart
+    torch.testing.assert_close(got.float(), head.lm_head.weight.grad.float(), **bf16)
+
+
+def test_probs_ones_under_dynamic_shapes_is_reported_as_emitted():
+    """probs="ones" needs static shapes at the ATen level: with dynamic shapes the exact values are
+    emitted, and the rewrite's report says so (it said 'probabilities 1' and computed them)."""
+    reports = []
+
+    def draft(logits):
+        return torch.softmax(logits, -1).max(-1)
+
+    backend_ = backend.Backend(Options.parse(None, {"probs": "ones"}))
+    values, _ = torch.compile(draft, backend=backend_, dynamic=True, fullgraph=True)(torch.randn(3, 7))
+    reports = [str(r) for c in backend_.compiles for r in c.reports]
+    assert not torch.equal(values, torch.ones(3))
+    assert any("probabilities from the exp-sum" in r for r in reports) and not any("(probs='ones')" in r for r in reports)
+
+
+@pytest.mark.parametrize("options", [{"fallback_random": "False"}, {"triton.cudagraphs": "False"}, {"spare_recordings": 2}])
+def test_options_of_the_wrong_type_or_owner_are_refused(options):
+    """An Inductor option of the wrong type ('False' is truthy) and draft_loop's spare_recordings, even
+    at its default, are errors, as torch.compile's own options check is."""
+    with pytest.raises(torch._dynamo.exc.BackendCompilerFailed, match="ValueError: draftfuse: "):  # raised when it compiles
+        torch.compile(lambda x: x + 1, backend="draftfuse", options=options)(torch.zeros(2))

@@ -45,6 +45,8 @@ def draftfuse_backend(
 
 
 def _parse(mode: str | None, options: dict[str, Any] | None) -> Options:
+    if options and "spare_recordings" in options:  # its default too: a dict shared with draft_loop is not checked silently
+        raise ValueError("draftfuse: option 'spare_recordings' is draft_loop's (it records its CUDA graphs itself); the backend has none")
     return _for_backend(Options.parse(mode, options))
 
 

@@ -36,6 +36,17 @@ def _round_to_fake(x: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     return torch.empty_like(x, dtype=dtype)
 
 
+def _round_to_backward(ctx, grad: torch.Tensor) -> tuple[torch.Tensor, None]:
+    return grad.to(ctx.dtype), None  # a cast's gradient: the incoming one, in the input's dtype
+
+
+def _round_to_setup(ctx, inputs: tuple, output: torch.Tensor) -> None:
+    ctx.dtype = inputs[0].dtype
+
+
+round_to.register_autograd(_round_to_backward, setup_context=_round_to_setup)
+
+
 class Emitter:
     pass_name = PASS_NAME  # the provenance new nodes carry
 

@@ -36,6 +36,18 @@ def _has_static_shape(node: Node) -> bool:
     return value is not None and all(isinstance(size, int) for size in value.shape)
 
 
+def _needs_grad(m: Match) -> bool:
+    """Whether autograd records the logits (a draft run with grad enabled): the kernels have no backward,
+    and constant values would detach the probabilities from it."""
+    return bool(getattr(fake_tensor(m.logits), "requires_grad", False))
+
+
+def _ones(m: Match, index_keepdim: Node, probs: str) -> bool:
+    """Whether the k = 1 values are the constant probs="ones" asks for: with static shapes (ATen's full
+    needs them) and where no gradient flows through them (else the exact values, as the report says)."""
+    return m.k == 1 and probs == "ones" and _has_static_shape(index_keepdim) and not _needs_grad(m)
+
+
 def _replay_casts(m: Match, emit: Emitter, value: Node) -> Node:
     """Cast values like the original probabilities, then through the casts the selection saw. A cast
     down to fp16/bf16 is `draftfuse::round_to`, so that readers fused after it see the rounded value."""
@@ -45,10 +57,11 @@ def _replay_casts(m: Match, emit: Emitter, value: Node) -> Node:
     return value
 
 
-def _values(m: Match, parts: SoftmaxParts, index_keepdim: Node, probs: str) -> Node:
-    """The probabilities (or log-probabilities) the selection returned, without the probability tensor."""
+def _values(m: Match, parts: SoftmaxParts, index_keepdim: Node, ones: bool) -> Node:
+    """The probabilities (or log-probabilities) the selection returned, without the probability tensor
+    (`ones`: the constant probs="ones" asks for)."""
     emit, sel = parts.emit, m.selection
-    if m.k == 1 and probs == "ones" and _has_static_shape(index_keepdim):
+    if ones:
         # greedy chains that never read the probabilities: the constant the caller asked for
         value = emit.call("zeros_like" if m.log else "ones_like", index_keepdim, m.prob_dtype)
     elif m.k == 1:
@@ -80,6 +93,7 @@ def _kernel_choice(m: Match, wants_values: bool, lowering: str) -> tuple[bool, s
     logits = fake_tensor(m.logits)
     reasons = [
         (m.dim != logits.dim() - 1, "the kernels reduce the last dim"),
+        (_needs_grad(m), "the logits require grad (the kernels have no backward)"),
         (m.tensor_scale is not None and _scale_rows_shape(m) is None, "the temperature is not one value per row"),
         # the kernels' probabilities are softmax(x * scale): a constant temperature is not passed to them
         (wants_values and m.factor != 1.0, "values under a constant temperature"),
@@ -123,15 +137,16 @@ def _kernel_scale(m: Match, emit: Emitter) -> Node | None:
     return emit.call("squeeze", scale, -1) if _scale_rows_shape(m) == "rows" else emit.call("reshape", scale, [])
 
 
-def _emit(m: Match, parts: SoftmaxParts, wants_values: bool, probs: str, lowering: str) -> tuple[Node, Node | None, str, str]:
-    """Emit the new index and values: (index, values or None, rule, why not the kernels)."""
+def _emit(m: Match, parts: SoftmaxParts, wants_values: bool, probs: str, lowering: str) -> tuple[Node, Node | None, str, str, bool]:
+    """Emit the new index and values: (index, values or None, rule, why not the kernels, whether the
+    values are probs="ones"'s constant)."""
     emit, sel = parts.emit, m.selection
     prefix = "log_" if m.log else ""
     use_kernel, why_not = _kernel_choice(m, wants_values, lowering)
     if use_kernel:
         index, value = _select_with_kernel(m, emit, wants_values, probs)
         op = "draftfuse.argmax_prob" if m.k == 1 else "draftfuse.topk_prob"
-        return index, value, f"{prefix}softmax+{sel.kind}(k={m.k}) -> {op}", why_not
+        return index, value, f"{prefix}softmax+{sel.kind}(k={m.k}) -> {op}", why_not, m.k == 1 and probs == "ones"
     # Under a tensor temperature the order is that of x * sign(t): x's, -x's, or all tied (t = 0).
     logits = m.logits if m.tensor_scale is None else emit.call("mul", m.logits, emit.call("sign", m.tensor_scale.node))
     if m.k == 1:
@@ -145,8 +160,9 @@ def _emit(m: Match, parts: SoftmaxParts, wants_values: bool, probs: str, lowerin
         topk = emit.call("topk", logits, m.k, m.dim, True, True)
         index = index_keepdim = emit.call("getitem", topk, 1)
         rule = f"{prefix}softmax+topk(k={m.k}) -> topk(logits)"
-    value = _values(m, parts, index_keepdim, probs) if wants_values else None
-    return index, value, rule, why_not
+    ones = wants_values and _ones(m, index_keepdim, probs)
+    value = _values(m, parts, index_keepdim, ones) if wants_values else None
+    return index, value, rule, why_not, ones
 
 
 def _apply(m: Match, parts: SoftmaxParts, probs: str, lowering: str, erased: set[Node]) -> Rewrite:
@@ -154,7 +170,7 @@ def _apply(m: Match, parts: SoftmaxParts, probs: str, lowering: str, erased: set
     sel = m.selection
     found = readers(sel)
     wants_values = bool(found[0])
-    index, value, rule, why_not = _emit(m, parts, wants_values, probs, lowering)
+    index, value, rule, why_not, ones = _emit(m, parts, wants_values, probs, lowering)
     rewire_readers(sel, found, index, value)  # emitted: nothing below can fail halfway
     details = [f"dim {m.dim}"]
     if m.tensor_scale is not None:
@@ -162,7 +178,7 @@ def _apply(m: Match, parts: SoftmaxParts, probs: str, lowering: str, erased: set
     if wants_values:
         source = "the kernel" if rule.endswith(("argmax_prob", "topk_prob")) else "the exp-sum"
         kind = "log-probabilities" if m.log else "probabilities"
-        details.append(f"{kind} 1 (probs='ones')" if (probs == "ones" and m.k == 1) else f"{kind} from {source}")
+        details.append(f"{kind} {0 if m.log else 1} (probs='ones')" if ones else f"{kind} from {source}")
     if why_not:
         details.append(f"not the kernels: {why_not}")
     if m.half:
@@ -203,7 +219,7 @@ def rewrite_graph(graph: torch.fx.Graph, *, probs: str = "exact", lowering: str 
     if level == "aten":
         graph.eliminate_dead_code()  # post-grad graphs are functional: safe here, and only here
     if probs == "ones":
-        report.notes.append('probs="ones": k = 1 values are the constant 1 (0 for log_softmax)')
+        report.notes.append('probs="ones": k = 1 values are the constant 1 (0 for log_softmax) where shapes are static and no gradient flows through them; each rewrite says which it emitted')
     if any(" probabilities: a rounding tie" in r.detail for r in report.rewrites):
         report.notes.append('selections that read fp16/bf16 probabilities were rewritten; half_probs="keep" leaves them')
     return report
