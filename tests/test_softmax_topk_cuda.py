@@ -33,3 +33,26 @@ def test_backend_lowers_to_selection_kernels_on_cuda(dtype):
     assert_same_selection(probs, 1, want[3], got[3], keepdim=True)
     torch.testing.assert_close(got[0], want[0], rtol=1e-5, atol=1e-7)
     torch.testing.assert_close(got[2].sort(-1).values, want[2].sort(-1).values, rtol=1e-5, atol=1e-7)
+
+
+@pytest.mark.cuda
+def test_a_draft_with_grad_enabled_selects_with_torch_ops_and_keeps_gradients():
+    """Logits that require grad (a head's parameters, no no_grad): the kernels have no backward, so the
+    rewrite selects with torch's ops there, and the compile neither fails nor changes the gradient."""
+    torch.manual_seed(0)
+    head = torch.nn.Linear(64, 32000, device="cuda")
+    hidden = torch.randn(4, 64, device="cuda")
+
+    def draft(hidden):
+        return torch.softmax(head(hidden).float(), dim=-1).topk(4, dim=-1)
+
+    torch._dynamo.reset()
+    (values, index), codes = run_and_get_code(torch.compile(draft, backend="draftfuse", fullgraph=True), hidden)
+    assert codes and not any("draftfuse.topk_prob" in code for code in codes)
+    want_values, want_index = draft(hidden)
+    assert torch.equal(index, want_index)
+    values.sum().backward()
+    got = head.weight.grad.clone()
+    head.zero_grad()
+    want_values.sum().backward()
+    torch.testing.assert_close(got, head.weight.grad, rtol=1e-4, atol=1e-6)
