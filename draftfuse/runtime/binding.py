@@ -36,10 +36,11 @@ def binder(fn: Callable[..., Any], code_fn: Callable[..., Any]) -> Callable[[tup
     closure = getattr(code_fn, "__closure__", None) or ()
     free = dict(zip(code.co_freevars, closure)) if code is not None else {}
     names = list(signature.parameters)
+    copied = is_copy(code_fn, fn)  # then the defaults a call reads are fn's (they may be changed after this)
     if any(name.startswith("__") or not name.isidentifier() for name in [*names, *free]):  # names the generated code
-        return _binder_by_signature(fn if is_copy(code_fn, fn) else code_fn, free)  # could not use as they are (slower)
+        return _binder_by_signature(fn if copied else code_fn, free)  # could not use as they are (slower)
     defaults = {n: p.default for n, p in signature.parameters.items() if p.default is not inspect.Parameter.empty}
-    owner = fn if is_copy(code_fn, fn) else getattr(code_fn, "__func__", code_fn)  # whose defaults a call reads (they may be changed after this)
+    owner = fn if copied else getattr(code_fn, "__func__", code_fn)
     plain = signature.replace(
         parameters=[p.replace(annotation=inspect.Parameter.empty, default=_Default(n) if n in defaults else p.default) for n, p in signature.parameters.items()],
         return_annotation=inspect.Signature.empty,

@@ -54,7 +54,7 @@ from collections.abc import Callable
 from typing import Any
 
 import torch
-import torch._dynamo.eval_frame
+from torch._dynamo import eval_frame as _eval_frame
 from torch.utils._pytree import tree_flatten, tree_unflatten
 
 from draftfuse.graph.values import user_frame, user_location
@@ -148,11 +148,22 @@ def trace_as_draft_loop(fn: Callable[..., Any], backend: Callable[..., Any], arg
     except Exception as exc:
         if isinstance(getattr(exc, "inner_exception", None), _Captured) or isinstance(exc, _Captured):
             return
-        first = first_data_dependent(fn, dynamic, args, kwargs) if translate.is_data_dependent(exc) else ""
-        error = translate.from_exception(exc, first)
-        if error is None:
+        translated = capture_error(exc, fn, dynamic, args, kwargs)
+        if translated is None:
             raise
-        raise error.with_traceback(None) from (None if error is exc or error is getattr(exc, "inner_exception", None) else exc)
+        error, cause = translated
+        raise error.with_traceback(None) from cause
+
+
+def capture_error(exc: Exception, fn: Callable[..., Any], dynamic: bool | None, args: tuple, kwargs: dict) -> tuple[DraftCaptureError, Exception | None] | None:
+    """The DraftCaptureError a failed trace or compile of `fn(*args, **kwargs)` stands for (a host read's
+    first op located), with the exception to raise it from: torch's, where it was translated; none for
+    draftfuse's own. None for an error that is torch's own."""
+    first = first_data_dependent(fn, dynamic, args, kwargs) if translate.is_data_dependent(exc) else ""
+    error = translate.from_exception(exc, first)
+    if error is None:
+        return None
+    return error, None if error is exc or error is getattr(exc, "inner_exception", None) else exc
 
 
 class DraftLoop:
@@ -230,7 +241,7 @@ class DraftLoop:
         if torch.compiler.is_compiling():  # called inside another compiled region (a draft in a draft): traced there
             return self._fn(*args, **kwargs)
         # a stance other than the default (force_eager, say) is honoured by Dynamo's path, which reads it per call
-        f_locals = self._bind(args, kwargs) if self._replays and torch._dynamo.eval_frame._stance.stance == "default" else None
+        f_locals = self._bind(args, kwargs) if self._replays and _eval_frame._stance.stance == "default" else None
         if f_locals is not None:
             explain = log.isEnabledFor(logging.DEBUG)
             grad = torch.is_grad_enabled()
@@ -258,15 +269,13 @@ class DraftLoop:
                 out = self._compiled(*args, **kwargs)
         except Exception as exc:
             self._forget_call()
-            first = self._first_data_dependent(args, kwargs) if translate.is_data_dependent(exc) else ""
-            error = translate.from_exception(exc, first)
-            if error is None:
+            translated = capture_error(exc, self._fn, self._dynamic, args, kwargs)
+            if translated is None:
                 raise
-            # Our own errors need no torch wrapper around them; a translated one keeps torch's as its cause.
-            own = error is exc or error is getattr(exc, "inner_exception", None)
+            error, cause = translated
             if not error.where:  # raised about the call itself (its arguments): point at the caller
                 error = type(error)(error.cause, where=_caller_location(), fix=error.fix)
-            raise error.with_traceback(None) from (None if own else exc)
+            raise error.with_traceback(None) from cause
         finally:
             self._current_call = None
         if self._warn_cpu:
@@ -290,7 +299,7 @@ class DraftLoop:
         """Dynamo's cache entries for the draft's code; none for a callable without code of its own (a
         functools.partial: its calls stay on the Dynamo path, and _build_replay says so)."""
         code = getattr(self._code_fn, "__code__", None)
-        return torch._dynamo.eval_frame._debug_get_cache_entry_list(code) if code is not None else []
+        return _eval_frame._debug_get_cache_entry_list(code) if code is not None else []
 
     def _entry_to_run(self, args: tuple, kwargs: dict) -> tuple[set, Any]:
         """(the compiled code of each cache entry of the draft's code, that of the entry Dynamo will run for
@@ -343,9 +352,6 @@ class DraftLoop:
         replay = Replay.build(entry, recorder, placeholders, f_locals, out)
         if replay is not None:
             self._replays.insert(0, replay)
-
-    def _first_data_dependent(self, args: tuple, kwargs: dict) -> str:
-        return first_data_dependent(self._fn, self._dynamic, args, kwargs)
 
     # ---- the compile: prepare -> checks -> lower ----
 
