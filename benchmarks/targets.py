@@ -69,10 +69,10 @@ REASONS: dict[tuple[str, str | None], str] = {
     ("sel_speedup", None): "the same fixed latency: at batch <= 64 softmax+topk is 56-422 µs, draftfuse 5.2-30 µs",
     ("baseline", None): "no drift reference: the hand edit was not measured in both runs",
     ("temp_speed", None): (
-        "the scaled kernels do more a tile: at k = 1 they track the order of x * sign(s) beside the softmax's "
-        "y = x * s (the first loop's SASS on sm_90, Triton 3.6: 217-225 instructions, 178-179 unscaled), at "
-        "k > 1 16 more FMUL (186-202 against 186-187); the scale's own load is issued before the first tile's "
-        "and not waited on there (notes/compile_sm90.py). Not taken further"
+        "the scaled kernels do more a tile: y = x * s's 16 FMUL at k > 1 (186-202 SASS instructions a tile "
+        "against 186-187 on sm_90, Triton 3.6), where most misses are; at k = 1, one loop per sign of s, "
+        "191-193 against 178-179 (207-209 for s = 0 or NaN). The scale's own load is issued before the first "
+        "tile's and not waited on there (notes/compile_sm90.py)"
     ),
     ("tp_speedup", None): "not measured: the 2-GPU machine stopped being lent after this session's first call",
     ("tp_batch1", None): "not measured: the 2-GPU machine stopped being lent after this session's first call",

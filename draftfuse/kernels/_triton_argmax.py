@@ -10,7 +10,15 @@ merging them). What differs is pass 1: every lane keeps its own state and no til
               and the best u = x * sign(s) so far with the first index holding it (u = y unscaled)
   per tile:   each lane's max of its 16 elements, its running (m, sum) rescaled, and, where its max of u
               beats its best strictly, the first of its elements equal to that max: compares in
-              registers, no shuffle, no barrier
+              registers, no shuffle, no barrier. With a scale, the lane's max of y = x * s = u * |s| is
+              its max of u times |s| (rounding is monotone): one lane reduction, not two. Where that
+              product is not y's max it changes nothing: s = 0 or NaN give 0 and NaN both ways, and
+              s = +-inf gives NaN for a max u of 0 (or -inf) where y's max is -inf or NaN: neither moves
+              m (both compare false), and y's NaN (0 * inf) makes the sum NaN either way.
+  the chunk:  one loop per sign of s (a branch taken once per program): u is x or -x, which the compiler
+              folds into the compares, so a scaled tile costs y's multiplies over an unscaled one (sm_90
+              SASS, Triton 3.6: 191-193 instructions a tile against 178-179; 207-209 for s = 0 or NaN,
+              whose u needs x * sign(s)).
   chunk end:  three warp reductions: the max of m, the sum rescaled to it, and the max of the packed
               (order key of u, 2**31 - 1 - index) keys, which picks the larger u and, on ties, the lower
               index (a lane's elements ascend, so its strict compares keep its first).
@@ -38,25 +46,53 @@ def _lane_min(x):
 
 
 @triton.jit
-def _lanes_tile(x, tile, lane_offs, valid, s, s_sign, m, lane_sum, best_u, best_i,
-                MASKED: tl.constexpr, HAS_SCALE: tl.constexpr, BLOCK: tl.constexpr, GPU: tl.constexpr):
-    """Folds one tile into every lane's (m, sum, best u, its first index)."""
+def _lanes_tile(x, tile, lane_offs, valid, s, s_sign, s_abs, m, lane_sum, best_u, best_i, MASKED: tl.constexpr,
+                HAS_SCALE: tl.constexpr, SIGN: tl.constexpr, BLOCK: tl.constexpr, GPU: tl.constexpr):
+    """Folds one tile into every lane's (m, sum, best u, its first index). SIGN: sign(s) where the caller
+    knows it (1 or -1: u is x or -x, no multiply), 0 where it does not (u = x * s_sign)."""
     y = _tile_y(x, valid, s, MASKED, HAS_SCALE)
-    tile_m = _lane_max(y)
+    if HAS_SCALE:
+        # the lane's max of y = x * s = u * |s| is its max of u times |s| (rounding is monotone): one lane
+        # reduction serves both (see the module doc for s = 0, inf, NaN)
+        u = _tile_y(x, valid, s_sign if SIGN == 0 else SIGN, MASKED, True)  # -inf where masked
+        tile_u = _lane_max(u)
+        tile_m = tile_u * s_abs
+    else:
+        tile_m = _lane_max(y)
+        u = y
+        tile_u = tile_m
     new_m = tl.where(tile_m > m, tile_m, m)  # never NaN: NaN compares false
     # a lane whose elements are all -inf so far shifts by 0, so that they add exp(-inf) = 0, not NaN
     shift = tl.where(new_m == float("-inf"), 0.0, new_m)
     tile_sum = tl.sum(tl.sum(_exp2((y - shift[:, None, None]) * _LOG2E, GPU), 2), 1)
     lane_sum = lane_sum * tl.exp2((m - shift) * _LOG2E) + tile_sum
-    if HAS_SCALE:
-        u = _tile_y(x, valid, s_sign, MASKED, True)  # x * sign(s), -inf where masked
-        tile_u = _lane_max(u)
-    else:
-        u = y
-        tile_u = tile_m
     first = tile + _lane_min(tl.where(u == tile_u[:, None, None], lane_offs, BLOCK))
     take = tile_u > best_u  # strict: a lane keeps its first maximum
     return new_m, lane_sum, tl.where(take, tile_u, best_u), tl.where(take, first, best_i)
+
+
+@triton.jit
+def _chunk(row_ptr, start, end, lane_offs, s, s_sign, s_abs, m, lane_sum, best_u, best_i,
+           HAS_SCALE: tl.constexpr, SIGN: tl.constexpr, BLOCK: tl.constexpr, GPU: tl.constexpr):
+    """Pass 1 over a program's chunk: its whole tiles, each tile's load issued one tile ahead (masks past
+    the whole tiles switch the last off), then the ragged tail."""
+    full_end = start + (end - start) // BLOCK * BLOCK
+    ahead = tl.load(row_ptr + start + lane_offs, mask=start + lane_offs < full_end, other=0.0)
+    for tile in range(start, full_end, BLOCK):
+        x = ahead.to(tl.float32)
+        next_offs = tile + BLOCK + lane_offs
+        ahead = tl.load(row_ptr + next_offs, mask=next_offs < full_end, other=0.0)
+        m, lane_sum, best_u, best_i = _lanes_tile(
+            x, tile, lane_offs, True, s, s_sign, s_abs, m, lane_sum, best_u, best_i, False, HAS_SCALE, SIGN, BLOCK, GPU
+        )
+    if full_end < end:
+        offs = full_end + lane_offs
+        valid = offs < end
+        x = tl.load(row_ptr + offs, mask=valid, other=0.0).to(tl.float32)
+        m, lane_sum, best_u, best_i = _lanes_tile(
+            x, full_end, lane_offs, valid, s, s_sign, s_abs, m, lane_sum, best_u, best_i, True, HAS_SCALE, SIGN, BLOCK, GPU
+        )
+    return m, lane_sum, best_u, best_i
 
 
 @triton.jit
@@ -86,29 +122,26 @@ def _argmax_kernel(
     row, split, start, end, row_ptr, ws_row, lane_offs, s, s_sign = _program(
         logits_ptr, row_stride, vocab, chunk, scale_ptr, scale_stride, ws_ptr, BLOCK, V, HAS_SCALE, PDL
     )
+    s_abs = s * s_sign  # |s| (0 for s = 0, NaN for a NaN s)
     lanes = tl.arange(0, 32)
     m = tl.full([32], float("-inf"), tl.float32)
     lane_sum = tl.zeros([32], tl.float32)
     best_u = tl.full([32], float("-inf"), tl.float32)
     best_i = start + lanes * V  # a lane's first element: the index of a row of -inf (lane 0's wins the ties)
 
-    # whole tiles, each tile's load issued one tile ahead (masks past the whole tiles switch the last off)
-    full_end = start + (end - start) // BLOCK * BLOCK
-    ahead = tl.load(row_ptr + start + lane_offs, mask=start + lane_offs < full_end, other=0.0)
-    for tile in range(start, full_end, BLOCK):
-        x = ahead.to(tl.float32)
-        next_offs = tile + BLOCK + lane_offs
-        ahead = tl.load(row_ptr + next_offs, mask=next_offs < full_end, other=0.0)
-        m, lane_sum, best_u, best_i = _lanes_tile(
-            x, tile, lane_offs, True, s, s_sign, m, lane_sum, best_u, best_i, False, HAS_SCALE, BLOCK, GPU
-        )
-    if full_end < end:  # the ragged tail
-        offs = full_end + lane_offs
-        valid = offs < end
-        x = tl.load(row_ptr + offs, mask=valid, other=0.0).to(tl.float32)
-        m, lane_sum, best_u, best_i = _lanes_tile(
-            x, full_end, lane_offs, valid, s, s_sign, m, lane_sum, best_u, best_i, True, HAS_SCALE, BLOCK, GPU
-        )
+    # specialised on the sign of s (x * sign(s) is x or -x, folded into the compares) but for s = 0 and NaN
+    if not HAS_SCALE:
+        m, lane_sum, best_u, best_i = _chunk(row_ptr, start, end, lane_offs, s, s_sign, s_abs, m, lane_sum, best_u,
+                                             best_i, False, 1.0, BLOCK, GPU)
+    elif s > 0:
+        m, lane_sum, best_u, best_i = _chunk(row_ptr, start, end, lane_offs, s, s_sign, s_abs, m, lane_sum, best_u,
+                                             best_i, True, 1.0, BLOCK, GPU)
+    elif s < 0:
+        m, lane_sum, best_u, best_i = _chunk(row_ptr, start, end, lane_offs, s, s_sign, s_abs, m, lane_sum, best_u,
+                                             best_i, True, -1.0, BLOCK, GPU)
+    else:
+        m, lane_sum, best_u, best_i = _chunk(row_ptr, start, end, lane_offs, s, s_sign, s_abs, m, lane_sum, best_u,
+                                             best_i, True, 0.0, BLOCK, GPU)
 
     row_max = tl.max(m, 0)
     shift = tl.where(row_max == float("-inf"), 0.0, row_max)
