@@ -264,6 +264,55 @@ def test_a_draft_run_with_grad_enabled_compiles_and_keeps_its_gradients(case):
     torch.testing.assert_close(got.float(), head.lm_head.weight.grad.float(), **bf16)
 
 
+@pytest.mark.parametrize("options", [{}, {"probs": "ones"}, {"lowering": "kernels"}])
+def test_a_temperature_that_requires_grad_keeps_its_gradient(options):
+    """Only the temperature requires grad (a learned one): the rewrite looked at the logits alone, so
+    probs="ones" cut the gradient and the kernels (no backward) crashed the compile."""
+
+    def draft(logits, t):
+        return torch.softmax(logits / t[:, None], -1).max(-1)
+
+    logits = torch.randn(3, 50)
+    t = torch.tensor([0.5, 1.0, 2.0], requires_grad=True)
+    want_values, want_index = draft(logits, t)
+    want_values.sum().backward()
+    want_grad, t.grad = t.grad.clone(), None
+    values, index = torch.compile(draft, backend="draftfuse", options=options, fullgraph=True)(logits, t)
+    assert torch.equal(index, want_index)
+    values.sum().backward()
+    torch.testing.assert_close(t.grad, want_grad)
+
+
+def test_the_gradient_of_a_tied_maximum_goes_to_the_index_picked():
+    """p_max's gradient is eager's: softmax(x)[index] is smooth, so at a tie of the maximum the gradient
+    goes through the index picked; 1 / sum(exp(x - max(x))) split it over the tied positions (max's backward)."""
+
+    def draft(x):
+        return torch.softmax(x, -1).max(-1)[0]
+
+    x = torch.tensor([[1.0, 3.0, 3.0, 0.0], [2.0, 2.0, 2.0, -1.0]], requires_grad=True)
+    draft(x).sum().backward()
+    want, x.grad = x.grad.clone(), None
+    torch.compile(draft, backend="draftfuse", fullgraph=True)(x).sum().backward()
+    torch.testing.assert_close(x.grad, want)
+
+
+@pytest.mark.parametrize("dtype", [torch.uint8, torch.int8, torch.int32])
+def test_integer_logits_under_a_negative_temperature_tensor_select_eagers_token(dtype):
+    """The order under a temperature tensor is that of x * sign(t), computed in float64 for integer
+    logits: in uint8 -x wraps (5 -> 251) and int8's -128 stays -128, and the wrong token was picked."""
+
+    def draft(x, t):
+        return torch.softmax(x / t, -1).argmax(-1)
+
+    low = 0 if dtype == torch.uint8 else -128
+    x = torch.tensor([[0, 5, 3], [7, 0, 2], [low, 5, 3]], dtype=dtype)
+    for t in (torch.tensor(-1), torch.tensor([[-1], [2], [-3]])):
+        torch._dynamo.reset()
+        got = torch.compile(draft, backend="draftfuse", fullgraph=True)(x, t)
+        assert torch.equal(got, draft(x, t)), (t, got)
+
+
 def test_probs_ones_under_dynamic_shapes_is_reported_as_emitted():
     """probs="ones" needs static shapes at the ATen level: with dynamic shapes the exact values are
     emitted, and the rewrite's report says so (it said 'probabilities 1' and computed them)."""

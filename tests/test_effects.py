@@ -123,6 +123,35 @@ def test_a_penalty_added_in_place_after_the_temperature_read_refuses():
     assert report.rewrites == [] and "logits are written in place" in report.refusals[0].reason
 
 
+@pytest.mark.parametrize("spelling", ["elu", "hardtanh", "silu"])
+def test_an_inplace_flag_passed_by_position_is_a_write(spelling):
+    # Dynamo keeps F.elu(p, 1.0, True) as one call, which resolves by name to aten.elu (no write): the
+    # flag by position was missed, and the selection read the probabilities before the write
+    write = {
+        "elu": lambda p: torch.nn.functional.elu(p, -1.0, True),
+        "hardtanh": lambda p: torch.nn.functional.hardtanh(p, 0.0, 0.05, True),
+        "silu": lambda p: torch.nn.functional.silu(p, True),
+    }[spelling]
+
+    def f(x):
+        probs = torch.log_softmax(x, -1)
+        write(probs)
+        return probs.max(-1)
+
+    report = run_both(f, X)
+    assert report.rewrites == [] and report.refusals, str(report)
+
+
+def test_an_inplace_flag_by_position_on_the_logits_before_the_softmax_reads_refuses():
+    def f(t, x):  # (Dynamo's inputs come in the order of first use: t's slice, then x)
+        scaled = x / t[:, :1]
+        torch.nn.functional.relu(x, True)
+        return torch.softmax(scaled, -1).argmax(-1)
+
+    report = run_both(f, Q, X)
+    assert report.rewrites == [], str(report)
+
+
 def test_a_write_to_the_logits_after_the_softmax_does_not_matter():
     # the rewrite selects where the softmax read the logits, before the write
     def f(x, q):

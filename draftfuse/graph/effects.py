@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import bisect
 import functools
+import inspect
 import operator
 from collections.abc import Iterable
 from typing import Any
@@ -100,6 +101,36 @@ def _argument(node: Node, position: int, argument: Any) -> Any:
     return node.kwargs.get(argument.name)
 
 
+@functools.lru_cache(maxsize=None)
+def _inplace_signature(target: Any) -> inspect.Signature | None:
+    """The signature of a Python function that takes an `inplace` flag (torch.nn.functional's), else None."""
+    try:
+        signature = inspect.signature(target)
+    except (TypeError, ValueError):
+        return None
+    return signature if "inplace" in signature.parameters else None
+
+
+def _passes_inplace(node: Node) -> bool:
+    """Whether the call asks its function to write its first argument: `inplace` True by keyword or by
+    position, or not a constant (a value the graph computes); a call that does not bind counts too."""
+    if node.kwargs.get("inplace") is True:
+        return True
+    if node.op != "call_function" or not callable(node.target):
+        return False
+    try:
+        signature = _inplace_signature(node.target)
+    except TypeError:  # an unhashable target
+        signature = None
+    if signature is None:
+        return False
+    try:
+        flag = signature.bind(*node.args, **node.kwargs).arguments.get("inplace", False)
+    except TypeError:
+        return True
+    return flag is not False and flag is not None
+
+
 def written_values(node: Node) -> list[Node] | None:
     """The values `node` writes in place ([] if none); None when unknown: it may write what it reads."""
     if node.op in ("placeholder", "get_attr", "output"):
@@ -109,8 +140,8 @@ def written_values(node: Node) -> list[Node] | None:
     if node.target in _IN_PLACE_OPERATORS:
         return [node.args[0]] if isinstance(node.args[0], Node) else []
     written: list[Node] = []
-    if node.kwargs.get("inplace") is True and node.args and isinstance(node.args[0], Node):
-        written.append(node.args[0])  # F.relu(x, inplace=True) and friends
+    if _passes_inplace(node) and node.args and isinstance(node.args[0], Node):
+        written.append(node.args[0])  # F.relu(x, inplace=True), F.elu(x, 1.0, True) and friends
     overloads = _overloads(node)
     if overloads is None:
         return written if _is_plain_python(node) else None

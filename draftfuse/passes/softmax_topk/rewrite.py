@@ -37,9 +37,10 @@ def _has_static_shape(node: Node) -> bool:
 
 
 def _needs_grad(m: Match) -> bool:
-    """Whether autograd records the logits (a draft run with grad enabled): the kernels have no backward,
-    and constant values would detach the probabilities from it."""
-    return bool(getattr(fake_tensor(m.logits), "requires_grad", False))
+    """Whether autograd records the probabilities (a draft run with grad enabled, through the logits or a
+    temperature tensor): the kernels have no backward, and constant values would detach them from it."""
+    sources = [m.selection.input, m.logits] + ([m.tensor_scale.node] if m.tensor_scale is not None else [])
+    return any(getattr(fake_tensor(node), "requires_grad", False) for node in sources)
 
 
 def _ones(m: Match, index_keepdim: Node, probs: str) -> bool:
@@ -57,18 +58,21 @@ def _replay_casts(m: Match, emit: Emitter, value: Node) -> Node:
     return value
 
 
-def _values(m: Match, parts: SoftmaxParts, index_keepdim: Node, ones: bool) -> Node:
+def _values(m: Match, parts: SoftmaxParts, index_keepdim: Node, ones: bool, dim_kept: bool) -> Node:
     """The probabilities (or log-probabilities) the selection returned, without the probability tensor
     (`ones`: the constant probs="ones" asks for)."""
     emit, sel = parts.emit, m.selection
     if ones:
         # greedy chains that never read the probabilities: the constant the caller asked for
         value = emit.call("zeros_like" if m.log else "ones_like", index_keepdim, m.prob_dtype)
-    elif m.k == 1:
-        # the row maximum of z = s - max(s) is exactly 0 and exp(0) = 1, so p_max = 1 / sum(exp(z))
+    elif m.k == 1 and not _needs_grad(m):
+        # the row maximum of z = s - max(s) is exactly 0 and exp(0) = 1, so p_max = 1 / sum(exp(z)). With
+        # grad, z at the index (the same 0) below: max's backward would split a tie's gradient, eager's
+        # routes it to the index picked
         value = emit.call("neg", parts.log_sum()) if m.log else emit.call("reciprocal", parts.sum_exp())
     else:
-        picked = emit.call("gather", parts.z(), m.dim, index_keepdim)
+        at = index_keepdim if dim_kept else emit.call("unsqueeze", index_keepdim, m.dim)
+        picked = emit.call("gather", parts.z(), m.dim, at)
         value = emit.call("sub", picked, parts.log_sum()) if m.log else emit.call("div", emit.call("exp", picked), parts.sum_exp())
     if m.k == 1 and not sel.keepdim:
         value = emit.call("squeeze", value, m.dim)
@@ -147,11 +151,19 @@ def _emit(m: Match, parts: SoftmaxParts, wants_values: bool, probs: str, lowerin
         index, value = _select_with_kernel(m, emit, wants_values, probs)
         op = "draftfuse.argmax_prob" if m.k == 1 else "draftfuse.topk_prob"
         return index, value, f"{prefix}softmax+{sel.kind}(k={m.k}) -> {op}", why_not, m.k == 1 and probs == "ones"
-    # Under a tensor temperature the order is that of x * sign(t): x's, -x's, or all tied (t = 0).
-    logits = m.logits if m.tensor_scale is None else emit.call("mul", m.logits, emit.call("sign", m.tensor_scale.node))
+    # Under a tensor temperature the order is that of x * sign(t): x's, -x's, or all tied (t = 0); integer
+    # logits in float64 first (exact up to 2**53), where -x would wrap (uint8, or int8's -128)
+    logits = m.logits
+    if m.tensor_scale is not None:
+        dtype = emit.dtype_of(logits)
+        if dtype is None or not (dtype.is_floating_point or dtype.is_complex):
+            logits = emit.call("cast", logits, torch.float64)
+        logits = emit.call("mul", logits, emit.call("sign", m.tensor_scale.node))
+    dim_kept = True  # whether index_keepdim keeps the selected dim (as topk's indices do)
     if m.k == 1:
         if sel.keepdim or not (wants_values and probs == "ones"):
             index = index_keepdim = emit.call("argmax", logits, m.dim, sel.keepdim)
+            dim_kept = sel.keepdim
         else:  # the constant values take the index's shape with the dim kept
             index_keepdim = emit.call("argmax", logits, m.dim, True)
             index = emit.call("squeeze", index_keepdim, m.dim)
@@ -161,7 +173,7 @@ def _emit(m: Match, parts: SoftmaxParts, wants_values: bool, probs: str, lowerin
         index = index_keepdim = emit.call("getitem", topk, 1)
         rule = f"{prefix}softmax+topk(k={m.k}) -> topk(logits)"
     ones = wants_values and _ones(m, index_keepdim, probs)
-    value = _values(m, parts, index_keepdim, ones) if wants_values else None
+    value = _values(m, parts, index_keepdim, ones, dim_kept) if wants_values else None
     return index, value, rule, why_not, ones
 
 
