@@ -234,32 +234,32 @@ class GraphModule(torch.nn.Module):
         seed_output: "i64[2]" = index[(slice(None, None, None), 0)];  index = None
 
         seam_default = torch.ops.draftfuse.seam.default([seed_output, x_1, l_kwargs_keys_, l_kwargs_seq_lens_], '{"drop_buffer_writes": false, "value_ranges": {}}');  seed_output = x_1 = l_kwargs_keys_ = l_kwargs_seq_lens_ = None
-        getitem_8: "i64[2]" = seam_default[0]
-        getitem_9: "f32[2, 4]" = seam_default[1]
-        getitem_10: "f32[2, 6, 4]" = seam_default[2]
-        getitem_11: "i64[2]" = seam_default[3];  seam_default = None
+        mark: "i64[2]" = seam_default[0]
+        mark_1: "f32[2, 4]" = seam_default[1]
+        mark_2: "f32[2, 6, 4]" = seam_default[2]
+        mark_3: "i64[2]" = seam_default[3];  seam_default = None
 
-        position_1: "i64[2]" = getitem_11 - 1
+        position_1: "i64[2]" = mark_3 - 1
 
         arange_1: "i64[6]" = torch.arange(6)
-        getitem_12: "i64[2, 1]" = getitem_11[(slice(None, None, None), None)];  getitem_11 = None
+        getitem_12: "i64[2, 1]" = mark_3[(slice(None, None, None), None)];  mark_3 = None
         mask_1: "b8[2, 6]" = arange_1 < getitem_12;  arange_1 = getitem_12 = None
 
-        getitem_13: "f32[2, 4]" = g_embed_[getitem_8]
-        add_3: "f32[2, 4]" = getitem_9 + getitem_13;  getitem_9 = getitem_13 = None
+        getitem_13: "f32[2, 4]" = g_embed_[mark]
+        add_3: "f32[2, 4]" = mark_1 + getitem_13;  mark_1 = getitem_13 = None
         getitem_14: "i64[2, 1]" = position_1[(slice(None, None, None), None)]
         mul_3: "f32[2, 4]" = getitem_14 * g_freq_;  getitem_14 = None
         cos_1: "f32[2, 4]" = torch.cos(mul_3);  mul_3 = None
         x_2: "f32[2, 4]" = add_3 + cos_1;  add_3 = cos_1 = None
 
         getitem_15: "f32[2, 4, 1]" = x_2[(slice(None, None, None), slice(None, None, None), None)]
-        matmul_2: "f32[2, 6, 1]" = getitem_10 @ getitem_15;  getitem_15 = None
+        matmul_2: "f32[2, 6, 1]" = mark_2 @ getitem_15;  getitem_15 = None
         squeeze_1: "f32[2, 6]" = matmul_2.squeeze(-1);  matmul_2 = None
         mul_4: "f32[2, 6]" = squeeze_1 * mask_1;  squeeze_1 = None
         attn_1: "f32[2, 6]" = mul_4.softmax(-1);  mul_4 = None
 
         getitem_16: "f32[2, 6, 1]" = attn_1[(slice(None, None, None), slice(None, None, None), None)];  attn_1 = None
-        mul_5: "f32[2, 6, 4]" = getitem_16 * getitem_10;  getitem_16 = None
+        mul_5: "f32[2, 6, 4]" = getitem_16 * mark_2;  getitem_16 = None
         sum_2: "f32[2, 4]" = mul_5.sum(1);  mul_5 = None
         x_3: "f32[2, 4]" = x_2 + sum_2;  x_2 = sum_2 = None
 
@@ -278,13 +278,13 @@ class GraphModule(torch.nn.Module):
         x_4: "f32[2, 4]" = add_6 + cos_2;  add_6 = cos_2 = None
 
         getitem_22: "f32[2, 4, 1]" = x_4[(slice(None, None, None), slice(None, None, None), None)]
-        matmul_4: "f32[2, 6, 1]" = getitem_10 @ getitem_22;  getitem_22 = None
+        matmul_4: "f32[2, 6, 1]" = mark_2 @ getitem_22;  getitem_22 = None
         squeeze_2: "f32[2, 6]" = matmul_4.squeeze(-1);  matmul_4 = None
         mul_7: "f32[2, 6]" = squeeze_2 * mask_1;  squeeze_2 = mask_1 = None
         attn_2: "f32[2, 6]" = mul_7.softmax(-1);  mul_7 = None
 
         getitem_23: "f32[2, 6, 1]" = attn_2[(slice(None, None, None), slice(None, None, None), None)];  attn_2 = None
-        mul_8: "f32[2, 6, 4]" = getitem_23 * getitem_10;  getitem_23 = getitem_10 = None
+        mul_8: "f32[2, 6, 4]" = getitem_23 * mark_2;  getitem_23 = mark_2 = None
         sum_3: "f32[2, 4]" = mul_8.sum(1);  mul_8 = None
         x_5: "f32[2, 4]" = x_4 + sum_3;  x_4 = sum_3 = None
 
@@ -295,7 +295,7 @@ class GraphModule(torch.nn.Module):
         getitem_25: "i64[2, 1]" = topk_2[1];  topk_2 = None
         getitem_26: "i64[2]" = getitem_25[(slice(None, None, None), 0)];  getitem_25 = None
 
-        stack: "i64[2, 3]" = torch.stack([getitem_8, getitem_19, getitem_26], 1);  getitem_8 = getitem_19 = getitem_26 = None
+        stack: "i64[2, 3]" = torch.stack([mark, getitem_19, getitem_26], 1);  mark = getitem_19 = getitem_26 = None
         return (stack,)
 """)
         self.assertExpectedInline(after, """\
@@ -453,16 +453,16 @@ class GraphModule(torch.nn.Module):
         index: "i64[2, 2]" = topk[1];  topk = None
 
         seam_default = torch.ops.draftfuse.seam.default([index, x_1, l_kwargs_seq_lens_], '{"drop_buffer_writes": false, "value_ranges": {}}');  index = x_1 = l_kwargs_seq_lens_ = None
-        getitem_7: "i64[2, 2]" = seam_default[0]
-        getitem_8: "f32[2, 4]" = seam_default[1]
-        getitem_9: "i64[2]" = seam_default[2];  seam_default = None
+        mark: "i64[2, 2]" = seam_default[0]
+        mark_1: "f32[2, 4]" = seam_default[1]
+        mark_2: "i64[2]" = seam_default[2];  seam_default = None
 
-        getitem_10: "i64[2]" = getitem_7[(slice(None, None, None), 0)]
-        add_3: "i64[2]" = getitem_9 + 1
+        getitem_10: "i64[2]" = mark[(slice(None, None, None), 0)]
+        add_3: "i64[2]" = mark_2 + 1
         add_4: "i64[2]" = add_3 + 0;  add_3 = None
 
         getitem_11: "f32[2, 4]" = g_embed_[getitem_10];  getitem_10 = None
-        add_5: "f32[2, 4]" = getitem_8 + getitem_11;  getitem_8 = getitem_11 = None
+        add_5: "f32[2, 4]" = mark_1 + getitem_11;  mark_1 = getitem_11 = None
         getitem_12: "i64[2, 1]" = add_4[(slice(None, None, None), None)]
         mul_3: "f32[2, 4]" = getitem_12 * g_freq_;  getitem_12 = None
         cos_1: "f32[2, 4]" = torch.cos(mul_3);  mul_3 = None
@@ -492,7 +492,7 @@ class GraphModule(torch.nn.Module):
         getitem_17: "i64[2, 2]" = topk_1[1];  topk_1 = None
 
         getitem_18: "i64[2]" = getitem_17[(slice(None, None, None), 0)]
-        add_8: "i64[2]" = getitem_9 + 1;  getitem_9 = None
+        add_8: "i64[2]" = mark_2 + 1;  mark_2 = None
         add_9: "i64[2]" = add_8 + 1;  add_8 = None
 
         getitem_19: "f32[2, 4]" = g_embed_[getitem_18];  g_embed_ = getitem_18 = None
@@ -525,7 +525,7 @@ class GraphModule(torch.nn.Module):
         topk_2 = softmax_5.topk(2);  softmax_5 = None
         getitem_25: "i64[2, 2]" = topk_2[1];  topk_2 = None
 
-        stack: "i64[2, 3, 2]" = torch.stack([getitem_7, getitem_17, getitem_25], 1);  getitem_7 = getitem_17 = getitem_25 = None
+        stack: "i64[2, 3, 2]" = torch.stack([mark, getitem_17, getitem_25], 1);  mark = getitem_17 = getitem_25 = None
         return (stack,)
 """)
         self.assertExpectedInline(after, """\
@@ -708,12 +708,12 @@ class GraphModule(torch.nn.Module):
         seed_output: "i64[2]" = l_kwargs_seq_lens_.cpu();  l_kwargs_seq_lens_ = None
 
         seam_default = torch.ops.draftfuse.seam.default([topk_p, topk_index, l_kwargs_keys_, seed_output], '{"drop_buffer_writes": false, "value_ranges": {}}');  topk_p = topk_index = l_kwargs_keys_ = seed_output = None
-        getitem_7: "f32[2, 2]" = seam_default[0]
-        getitem_8: "i64[2, 2]" = seam_default[1]
-        getitem_9: "f32[2, 6, 4]" = seam_default[2]
-        getitem_10: "i64[2]" = seam_default[3];  seam_default = None
+        mark: "f32[2, 2]" = seam_default[0]
+        mark_1: "i64[2, 2]" = seam_default[1]
+        mark_2: "f32[2, 6, 4]" = seam_default[2]
+        mark_3: "i64[2]" = seam_default[3];  seam_default = None
 
-        seq_lens: "i64[2]" = getitem_10.to(device(type='cpu'));  getitem_10 = None
+        seq_lens: "i64[2]" = mark_3.to(device(type='cpu'));  mark_3 = None
 
         position_1: "i64[2]" = seq_lens - 1
 
@@ -721,7 +721,7 @@ class GraphModule(torch.nn.Module):
         getitem_11: "i64[2, 1]" = seq_lens[(slice(None, None, None), None)];  seq_lens = None
         mask_1: "b8[2, 6]" = arange_1 < getitem_11;  arange_1 = getitem_11 = None
 
-        getitem_12: "i64[2]" = getitem_8[(slice(None, None, None), 0)]
+        getitem_12: "i64[2]" = mark_1[(slice(None, None, None), 0)]
 
         getitem_13: "f32[2, 4]" = g_embed_[getitem_12];  getitem_12 = None
         add_3: "f32[2, 4]" = g_static_hidden_ + getitem_13;  g_static_hidden_ = getitem_13 = None
@@ -731,13 +731,13 @@ class GraphModule(torch.nn.Module):
         x_2: "f32[2, 4]" = add_3 + cos_1;  add_3 = cos_1 = None
 
         getitem_15: "f32[2, 4, 1]" = x_2[(slice(None, None, None), slice(None, None, None), None)]
-        matmul_2: "f32[2, 6, 1]" = getitem_9 @ getitem_15;  getitem_15 = None
+        matmul_2: "f32[2, 6, 1]" = mark_2 @ getitem_15;  getitem_15 = None
         squeeze_1: "f32[2, 6]" = matmul_2.squeeze(-1);  matmul_2 = None
         mul_4: "f32[2, 6]" = squeeze_1 * mask_1;  squeeze_1 = None
         attn_1: "f32[2, 6]" = mul_4.softmax(-1);  mul_4 = None
 
         getitem_16: "f32[2, 6, 1]" = attn_1[(slice(None, None, None), slice(None, None, None), None)];  attn_1 = None
-        mul_5: "f32[2, 6, 4]" = getitem_16 * getitem_9;  getitem_16 = None
+        mul_5: "f32[2, 6, 4]" = getitem_16 * mark_2;  getitem_16 = None
         sum_2: "f32[2, 4]" = mul_5.sum(1);  mul_5 = None
         x_3: "f32[2, 4]" = x_2 + sum_2;  x_2 = sum_2 = None
 
@@ -758,13 +758,13 @@ class GraphModule(torch.nn.Module):
         x_4: "f32[2, 4]" = add_6 + cos_2;  add_6 = cos_2 = None
 
         getitem_22: "f32[2, 4, 1]" = x_4[(slice(None, None, None), slice(None, None, None), None)]
-        matmul_4: "f32[2, 6, 1]" = getitem_9 @ getitem_22;  getitem_22 = None
+        matmul_4: "f32[2, 6, 1]" = mark_2 @ getitem_22;  getitem_22 = None
         squeeze_2: "f32[2, 6]" = matmul_4.squeeze(-1);  matmul_4 = None
         mul_7: "f32[2, 6]" = squeeze_2 * mask_1;  squeeze_2 = mask_1 = None
         attn_2: "f32[2, 6]" = mul_7.softmax(-1);  mul_7 = None
 
         getitem_23: "f32[2, 6, 1]" = attn_2[(slice(None, None, None), slice(None, None, None), None)];  attn_2 = None
-        mul_8: "f32[2, 6, 4]" = getitem_23 * getitem_9;  getitem_23 = getitem_9 = None
+        mul_8: "f32[2, 6, 4]" = getitem_23 * mark_2;  getitem_23 = mark_2 = None
         sum_3: "f32[2, 4]" = mul_8.sum(1);  mul_8 = None
         x_5: "f32[2, 4]" = x_4 + sum_3;  x_4 = sum_3 = None
 
@@ -775,8 +775,8 @@ class GraphModule(torch.nn.Module):
         p_2: "f32[2, 2]" = topk_2[0]
         index_2: "i64[2, 2]" = topk_2[1];  topk_2 = None
 
-        stack: "i64[2, 3, 2]" = torch.stack([getitem_8, index_1, index_2], 1);  getitem_8 = index_1 = index_2 = None
-        stack_1: "f32[2, 3, 2]" = torch.stack([getitem_7, p_1, p_2], 1);  getitem_7 = p_1 = p_2 = None
+        stack: "i64[2, 3, 2]" = torch.stack([mark_1, index_1, index_2], 1);  mark_1 = index_1 = index_2 = None
+        stack_1: "f32[2, 3, 2]" = torch.stack([mark, p_1, p_2], 1);  mark = p_1 = p_2 = None
         return (stack, stack_1)
 """)
         self.assertExpectedInline(after, """\
@@ -1056,34 +1056,34 @@ class GraphModule(torch.nn.Module):
         seed_output: "i64[2]" = index[(slice(None, None, None), 0)];  index = None
 
         seam_default = torch.ops.draftfuse.seam.default([seed_output, x_1, l_kwargs_keys_, l_kwargs_seq_lens_], '{"drop_buffer_writes": false, "value_ranges": {}}');  seed_output = x_1 = l_kwargs_keys_ = l_kwargs_seq_lens_ = None
-        getitem_8: "i64[2]" = seam_default[0]
-        getitem_9: "f32[2, 4]" = seam_default[1]
-        getitem_10: "f32[2, 6, 4]" = seam_default[2]
-        getitem_11: "i64[2]" = seam_default[3];  seam_default = None
+        mark: "i64[2]" = seam_default[0]
+        mark_1: "f32[2, 4]" = seam_default[1]
+        mark_2: "f32[2, 6, 4]" = seam_default[2]
+        mark_3: "i64[2]" = seam_default[3];  seam_default = None
 
-        sub_1: "i64[2]" = getitem_11 - 1
+        sub_1: "i64[2]" = mark_3 - 1
         position_1: "i64[2]" = sub_1.clamp(min = 0);  sub_1 = None
 
         arange_1: "i64[6]" = torch.arange(6)
-        add_3: "i64[2]" = getitem_11 + 1;  getitem_11 = None
+        add_3: "i64[2]" = mark_3 + 1;  mark_3 = None
         getitem_12: "i64[2, 1]" = add_3[(slice(None, None, None), None)];  add_3 = None
         mask_1: "b8[2, 6]" = arange_1 < getitem_12;  arange_1 = getitem_12 = None
 
-        getitem_13: "f32[2, 4]" = g_embed_[getitem_8]
-        add_4: "f32[2, 4]" = getitem_9 + getitem_13;  getitem_9 = getitem_13 = None
+        getitem_13: "f32[2, 4]" = g_embed_[mark]
+        add_4: "f32[2, 4]" = mark_1 + getitem_13;  mark_1 = getitem_13 = None
         getitem_14: "i64[2, 1]" = position_1[(slice(None, None, None), None)]
         mul_3: "f32[2, 4]" = getitem_14 * g_freq_;  getitem_14 = None
         cos_1: "f32[2, 4]" = torch.cos(mul_3);  mul_3 = None
         x_2: "f32[2, 4]" = add_4 + cos_1;  add_4 = cos_1 = None
 
         getitem_15: "f32[2, 4, 1]" = x_2[(slice(None, None, None), slice(None, None, None), None)]
-        matmul_2: "f32[2, 6, 1]" = getitem_10 @ getitem_15;  getitem_15 = None
+        matmul_2: "f32[2, 6, 1]" = mark_2 @ getitem_15;  getitem_15 = None
         squeeze_1: "f32[2, 6]" = matmul_2.squeeze(-1);  matmul_2 = None
         mul_4: "f32[2, 6]" = squeeze_1 * mask_1;  squeeze_1 = None
         attn_1: "f32[2, 6]" = mul_4.softmax(-1);  mul_4 = None
 
         getitem_16: "f32[2, 6, 1]" = attn_1[(slice(None, None, None), slice(None, None, None), None)];  attn_1 = None
-        mul_5: "f32[2, 6, 4]" = getitem_16 * getitem_10;  getitem_16 = None
+        mul_5: "f32[2, 6, 4]" = getitem_16 * mark_2;  getitem_16 = None
         sum_2: "f32[2, 4]" = mul_5.sum(1);  mul_5 = None
         x_3: "f32[2, 4]" = x_2 + sum_2;  x_2 = sum_2 = None
 
@@ -1102,13 +1102,13 @@ class GraphModule(torch.nn.Module):
         x_4: "f32[2, 4]" = add_7 + cos_2;  add_7 = cos_2 = None
 
         getitem_22: "f32[2, 4, 1]" = x_4[(slice(None, None, None), slice(None, None, None), None)]
-        matmul_4: "f32[2, 6, 1]" = getitem_10 @ getitem_22;  getitem_22 = None
+        matmul_4: "f32[2, 6, 1]" = mark_2 @ getitem_22;  getitem_22 = None
         squeeze_2: "f32[2, 6]" = matmul_4.squeeze(-1);  matmul_4 = None
         mul_7: "f32[2, 6]" = squeeze_2 * mask_1;  squeeze_2 = mask_1 = None
         attn_2: "f32[2, 6]" = mul_7.softmax(-1);  mul_7 = None
 
         getitem_23: "f32[2, 6, 1]" = attn_2[(slice(None, None, None), slice(None, None, None), None)];  attn_2 = None
-        mul_8: "f32[2, 6, 4]" = getitem_23 * getitem_10;  getitem_23 = getitem_10 = None
+        mul_8: "f32[2, 6, 4]" = getitem_23 * mark_2;  getitem_23 = mark_2 = None
         sum_3: "f32[2, 4]" = mul_8.sum(1);  mul_8 = None
         x_5: "f32[2, 4]" = x_4 + sum_3;  x_4 = sum_3 = None
 
@@ -1119,7 +1119,7 @@ class GraphModule(torch.nn.Module):
         getitem_25: "i64[2, 1]" = topk_2[1];  topk_2 = None
         getitem_26: "i64[2]" = getitem_25[(slice(None, None, None), 0)];  getitem_25 = None
 
-        stack: "i64[2, 3]" = torch.stack([getitem_8, getitem_19, getitem_26], 1);  getitem_8 = getitem_19 = getitem_26 = None
+        stack: "i64[2, 3]" = torch.stack([mark, getitem_19, getitem_26], 1);  mark = getitem_19 = getitem_26 = None
         return (stack,)
 """)
         self.assertExpectedInline(after, """\

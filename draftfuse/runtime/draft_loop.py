@@ -181,6 +181,7 @@ class DraftLoop:
     ) -> None:
         functools.update_wrapper(self, fn)
         self._fn = fn
+        self.inline_fn = fn  # what a trace of an enclosing compiled region traces (fold: without its marker)
         self._options = options
         self._zero_copy, self._dynamic, self._max_compiles = zero_copy_outputs, dynamic, max_compiles
         self._instance = instance
@@ -239,7 +240,7 @@ class DraftLoop:
         if self._instance is not None:
             args = (self._instance, *args)
         if torch.compiler.is_compiling():  # called inside another compiled region (a draft in a draft): traced there
-            return self._fn(*args, **kwargs)
+            return self.inline_fn(*args, **kwargs)
         # a stance other than the default (force_eager, say) is honoured by Dynamo's path, which reads it per call
         f_locals = self._bind(args, kwargs) if self._replays and _eval_frame._stance.stance == "default" else None
         if f_locals is not None:

@@ -20,6 +20,8 @@ marker too:
                                            may be dropped: nothing reads those buffers after the draft.
 
 Every other keyword goes to `draft_loop` (mode, options, zero_copy_outputs, dynamic, max_compiles).
+Called inside another compiled region, the draft is traced there as `loop(*seed(...))`, without the
+marker (that region's backend would not remove it).
 
 The compiled function is generated for each fold with the seed's own parameters (a seed of plain
 positional-or-keyword parameters, the usual one): a call passes through to draft_loop, which binds it
@@ -30,6 +32,7 @@ arguments passed by keyword where its signature allows. Limits: as for draft_loo
 
 from __future__ import annotations
 
+import functools
 import inspect
 import itertools
 import linecache
@@ -37,7 +40,7 @@ import os
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from draftfuse.passes.seed_fold.seam import mark_seam, seam_facts
+from draftfuse.passes.seed_fold.seam import mark_seam_undoable, seam_facts, unmark_seam
 from draftfuse.runtime.draft_loop import DraftLoop, draft_loop
 
 _generated = itertools.count()  # each fold's source file has a name of its own
@@ -50,14 +53,17 @@ class FoldedDraft:
     def __init__(self, seed: Callable[..., Any], loop: Callable[..., Any], draft: DraftLoop, rebind: inspect.Signature | None) -> None:
         self.seed, self.loop, self.draft = seed, loop, draft
         self._rebind = rebind  # the seed's signature, to pass arguments by keyword; None: a call passes through
+        # the function whose __defaults__ the composition's were copied from (None: none to follow)
+        self._defaults_of = _defaults_owner(seed, draft._fn.__defaults__) if rebind is None else None
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         if self._rebind is None:
             # the composition takes the seed's parameters and defaults: those as they are now (a seed's
             # __defaults__ may be replaced after fold; the composition's were copied from it)
-            defaults, composition = getattr(self.seed, "__defaults__", None), self.draft._fn
-            if composition.__defaults__ is not defaults:
-                composition.__defaults__ = defaults
+            if self._defaults_of is not None:
+                defaults, composition = self._defaults_of.__defaults__, self.draft._fn
+                if composition.__defaults__ is not defaults:
+                    composition.__defaults__ = defaults
             return self.draft(*args, **kwargs)
         positional, keywords = _by_keyword(self._rebind, args, kwargs)
         return self.draft(*positional, **keywords)
@@ -78,10 +84,12 @@ def _composition(seed: Callable[..., Any], loop: Callable[..., Any], facts: Any,
     # seed, loop and the rest are the closure's (as in a function written by hand, so Dynamo reads them as
     # the frame's own values), with names no parameter of the seed takes
     source = (
-        "def make(_df_seed_, _df_loop_, _df_mark_, _df_facts_, _df_tuple_, _df_isinstance_):\n"
+        "def make(_df_seed_, _df_loop_, _df_mark_, _df_unmark_, _df_facts_, _df_tuple_, _df_isinstance_):\n"
         f"    def folded({names}):\n"
-        f"        _df_carried_ = _df_mark_(_df_seed_({names}), _df_facts_)\n"
-        "        return _df_loop_(*_df_carried_) if _df_isinstance_(_df_carried_, _df_tuple_) else _df_loop_(_df_carried_)\n"
+        f"        _df_carried_, _df_undo_ = _df_mark_(_df_seed_({names}), _df_facts_)\n"
+        "        _df_out_ = _df_loop_(*_df_carried_) if _df_isinstance_(_df_carried_, _df_tuple_) else _df_loop_(_df_carried_)\n"
+        "        _df_unmark_(_df_undo_)\n"
+        "        return _df_out_\n"
         "    return folded\n"
     )
     scope: dict[str, Any] = {}
@@ -92,11 +100,22 @@ def _composition(seed: Callable[..., Any], loop: Callable[..., Any], facts: Any,
     filename = os.path.join(os.path.dirname(__file__), f"<fold of {_name(seed)} {next(_generated)}>")
     linecache.cache[filename] = (len(source), None, source.splitlines(keepends=True), filename)
     exec(compile(source, filename, "exec"), scope)
-    folded = scope["make"](seed, loop, mark_seam, facts, tuple, isinstance)
+    folded = scope["make"](seed, loop, mark_seam_undoable, unmark_seam, facts, tuple, isinstance)
     if plain:
         folded.__defaults__ = tuple(p.default for p in parameters if p.default is not inspect.Parameter.empty) or None
     folded.__qualname__ = f"fold({_name(seed)}, {_name(loop)})"
     return folded, plain
+
+
+def _defaults_owner(seed: Callable[..., Any], defaults: tuple | None) -> Any:
+    """The function whose `__defaults__` are the seed's (through bound methods and decorators that
+    keep `__wrapped__`), if they are the ones its signature showed; else None (a partial, a module: the
+    defaults fold saw are kept)."""
+    fn = inspect.unwrap(getattr(seed, "__func__", seed))
+    fn = getattr(fn, "__func__", fn)
+    found = getattr(fn, "__defaults__", None)
+    same = found == defaults if found is None or defaults is None else len(found) == len(defaults) and all(a is b for a, b in zip(found, defaults))
+    return fn if same and hasattr(fn, "__code__") else None
 
 
 def _name(fn: Callable[..., Any]) -> str:
@@ -137,4 +156,11 @@ def fold(
     except (TypeError, ValueError):  # a builtin or C function: pass the arguments as they come
         signature = None
     folded, own_parameters = _composition(seed, loop, facts, signature)
-    return FoldedDraft(seed, loop, draft_loop(folded, **draft_loop_settings), None if own_parameters else signature)
+    draft = draft_loop(folded, **draft_loop_settings)
+    draft.inline_fn = functools.partial(_seed_then_loop, seed, loop)  # traced in an enclosing region: no marker
+    return FoldedDraft(seed, loop, draft, None if own_parameters else signature)
+
+
+def _seed_then_loop(seed: Callable[..., Any], loop: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+    carried = seed(*args, **kwargs)
+    return loop(*carried) if isinstance(carried, tuple) else loop(carried)

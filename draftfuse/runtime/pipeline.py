@@ -24,7 +24,7 @@ from draftfuse.graph.values import argument_name
 from draftfuse.options import Options
 from draftfuse.passes.post_grad import PostGradPass
 from draftfuse.passes.report import PassReport
-from draftfuse.passes.seed_fold import fold_seed
+from draftfuse.passes.seed_fold import fold_seed, strip_seams
 from draftfuse.passes.softmax_topk import rewrite_softmax_topk
 from draftfuse.passes.vocab_parallel import dynamo_pass as vocab_parallel_pass
 
@@ -58,8 +58,7 @@ class CompileRecord:
 
 def _dynamo_passes(options: Options) -> list[Callable[[torch.fx.GraphModule], Any]]:
     passes: list[Callable[[torch.fx.GraphModule], Any]] = []
-    if options.seed_fold:
-        passes.append(fold_seed)
+    passes.append(fold_seed if options.seed_fold else strip_seams)  # fold's marker goes either way
     if options.vocab_parallel:  # before softmax_topk, which would rewrite the gathered selection in place
         passes.append(lambda gm: vocab_parallel_pass(gm, options))
     if options.softmax_topk:

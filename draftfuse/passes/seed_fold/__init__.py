@@ -41,7 +41,7 @@ from draftfuse.graph.effects import Effects
 from draftfuse.passes.report import PassReport, PassResult, run_on_copy
 from draftfuse.passes.seed_fold.cleanup import PASS_NAME, declare_ranges, forward_buffers, remove_round_trips, remove_seams
 from draftfuse.passes.seed_fold.regions import Regions, find_regions
-from draftfuse.passes.seed_fold.seam import ValueRangeSpec, mark_seam, read_facts, seam_facts
+from draftfuse.passes.seed_fold.seam import ValueRangeSpec, is_seam, mark_seam, read_facts, seam_facts
 
 # Each rewrite can expose work for another (a removed round trip makes a fill's source plain): repeat
 # until nothing changes, at most this many times.
@@ -67,6 +67,21 @@ def fold_seed(gm: torch.fx.GraphModule, *, value_ranges: ValueRangeSpec | None =
         return report
 
     return run_on_copy(gm, PASS_NAME, fold)
+
+
+def strip_seams(gm: torch.fx.GraphModule) -> PassResult | None:
+    """With the seed fold off: only the seam markers removed (the loop reads the seed's values, as in
+    `loop(*seed(...))`; a marker left in would hand it copies); None where the graph has none."""
+    if not any(is_seam(n) for n in gm.graph.nodes):
+        return None
+
+    def strip(graph: torch.fx.Graph) -> PassReport:
+        report = PassReport(PASS_NAME)
+        report.notes.append("seed_fold off: the seam markers removed, nothing else")
+        remove_seams(graph, Effects(graph), report)
+        return report
+
+    return run_on_copy(gm, PASS_NAME, strip)
 
 
 def _describe(regions: Regions, graph: torch.fx.Graph) -> list[str]:
@@ -108,4 +123,4 @@ def _fold(graph: torch.fx.Graph, report: PassReport, value_ranges: dict, drop_bu
         declare_ranges(graph, effects, report, value_ranges)
     report.prune(graph)
 
-__all__ = ["PASS_NAME", "fold_seed", "mark_seam", "seam_facts"]
+__all__ = ["PASS_NAME", "fold_seed", "mark_seam", "seam_facts", "strip_seams"]

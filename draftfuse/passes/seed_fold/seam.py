@@ -1,9 +1,12 @@
 """What `draftfuse.fold(seed, loop)` puts into the traced graph for the seed fold to read.
 
   * `draftfuse::seam(tensors, facts)`: the seed's outputs pass through it, so the graph shows where
-    the seed ends. It returns copies (a custom op may not return its inputs); the fold removes it, so
-    the loop reads the seed's values themselves, as `loop(*seed(...))` does. `facts` is JSON: what the
-    caller of fold() states about the draft (value ranges of its arguments, drop_buffer_writes).
+    the seed ends. It returns copies (a custom op may not return its inputs), of the seed's layout;
+    the fold removes it (with the fold off, `strip_seams` does), so the loop reads the seed's values
+    themselves, as `loop(*seed(...))` does. Nothing of it shows to the loop's Python either: a tensor
+    the seed returns twice is marked once, lists and dicts keep their identity, and run eagerly (a
+    force_eager stance) the marker does nothing. `facts` is JSON: what the caller of fold() states
+    about the draft (value ranges of its arguments, drop_buffer_writes).
   * `draftfuse::assume_range(x, low, high, name)`: the fold puts it on a graph input whose elements the
     caller declared to lie in [low, high] (None: unbounded) and that the draft never writes; every
     reader of the input reads it. It survives AOT autograd (a functional op returning a copy), and the
@@ -28,12 +31,22 @@ ValueRangeSpec = Mapping[str, tuple[int | None, int | None]]
 @torch.library.custom_op("draftfuse::seam", mutates_args=())
 def _seam(tensors: list[torch.Tensor], facts: str) -> list[torch.Tensor]:
     # Copies: the fold removes the op, so they only run when the graph is compiled without the fold.
-    return [t.clone() for t in tensors]
+    return [_copy_keeping_layout(t) for t in tensors]
 
 
 @_seam.register_fake
 def _seam_fake(tensors: list[torch.Tensor], facts: str) -> list[torch.Tensor]:
-    return [torch.empty_like(t) for t in tensors]
+    # the seed's layout (strides, stride 0 included), not a dense copy: the loop's Python may read it
+    # (x.is_contiguous(), x.stride(-1)) while Dynamo traces it, before the fold removes the marker
+    return [torch.empty_strided(t.size(), t.stride(), dtype=t.dtype, device=t.device) for t in tensors]
+
+
+def _copy_keeping_layout(t: torch.Tensor) -> torch.Tensor:
+    """A copy of `t` with its sizes and strides: the memory its view spans, copied, then viewed alike."""
+    if t.numel() == 0:
+        return torch.empty_strided(t.size(), t.stride(), dtype=t.dtype, device=t.device)
+    span = 1 + sum((n - 1) * stride for n, stride in zip(t.size(), t.stride()))
+    return t.as_strided((span,), (1,)).clone().as_strided(t.size(), t.stride())
 
 
 @torch.library.custom_op("draftfuse::assume_range", mutates_args=())
@@ -55,19 +68,42 @@ def seam_facts(*, value_ranges: ValueRangeSpec | None = None, drop_buffer_writes
 
 
 def mark_seam(values: Any, facts: str = "{}") -> Any:
+    """`values` with every tensor passed through the seam marker (mark_seam_undoable's first value)."""
+    return mark_seam_undoable(values, facts)[0]
+
+
+def mark_seam_undoable(values: Any, facts: str = "{}") -> tuple[Any, list]:
     """`values` (a tensor, or a tuple/list/dict holding tensors and other values) with every tensor
-    passed through the seam marker, so that the traced graph shows where the seed ends.
+    passed through the seam marker, so that the traced graph shows where the seed ends; and what
+    `unmark_seam` needs to undo the marking of the lists and dicts among them.
+
+    Only where Dynamo traces it: run eagerly (under a force_eager stance, say) it returns `values` as
+    they are. Lists and dicts keep their identity (the loop may append to the caller's list): their
+    entries are replaced in place, and unmark_seam puts the seed's objects back after the loop. Tuples
+    are rebuilt; a tensor met twice is marked once, so `a is b` holds in the trace as in eager.
 
     Dynamo traces this inside the folded draft, and every call of the draft checks the guards the trace
     left: plain tensors, tuples (namedtuples too), lists and dicts are walked here, which leaves none
     beyond the values' own; other containers go through torch's pytree, whose trace is guarded by a
     few dozen checks of pytree's module state (each draft call pays them)."""
+    undo: list = []
+    if not torch.compiler.is_compiling():
+        return values, undo
     tensors: list[torch.Tensor] = []
     if not _walk(values, tensors):
-        return mark_seam_by_pytree(values, facts)
+        return mark_seam_by_pytree(values, facts), undo
     if not tensors:
-        return values
-    return _rebuild(values, iter(torch.ops.draftfuse.seam.default(tensors, facts)))
+        return values, undo
+    marked = torch.ops.draftfuse.seam.default(tensors, facts)
+    return _rebuild(values, tensors, marked, undo), undo
+
+
+def unmark_seam(undo: list) -> None:
+    """Put back the seed's own objects into the lists and dicts mark_seam marked, where the loop left
+    the marked ones (what the loop wrote there stays)."""
+    for container, key, original, marked in reversed(undo):
+        if container[key] is marked:
+            container[key] = original
 
 
 def mark_seam_by_pytree(values: Any, facts: str = "{}") -> Any:
@@ -83,8 +119,8 @@ def mark_seam_by_pytree(values: Any, facts: str = "{}") -> Any:
 
 
 def _walk(value: Any, tensors: list[torch.Tensor]) -> bool:
-    """Appends the tensors in `value` to `tensors`, walking tuples, namedtuples, lists and dicts; False
-    where it meets another container (a tuple, list or dict subclass, say: pytree's to take apart)."""
+    """Appends the tensors in `value` to `tensors` (each object once), walking tuples, namedtuples, lists
+    and dicts; False where it meets another container (a tuple, list or dict subclass, say: pytree's)."""
     kind = type(value)
     # the namedtuple test is written out here and in _rebuild, not shared: Dynamo traces both, and a helper
     # function is one more global, so one more guard on every replayed call of a folded draft
@@ -94,21 +130,35 @@ def _walk(value: Any, tensors: list[torch.Tensor]) -> bool:
                 return False
         return True
     if isinstance(value, torch.Tensor):
+        for seen in tensors:
+            if seen is value:
+                return True
         tensors.append(value)
     return not isinstance(value, (tuple, list, dict))
 
 
-def _rebuild(value: Any, marked: Any) -> Any:
-    """`value` (one that _walk took apart) with each tensor replaced by the next of `marked`, in _walk's order."""
+def _rebuild(value: Any, tensors: list[torch.Tensor], marked: list[torch.Tensor], undo: list) -> Any:
+    """`value` (one that _walk took apart) with each tensor replaced by its marked one; the entries of
+    lists and dicts replaced in place, each replacement recorded in `undo`."""
     if isinstance(value, torch.Tensor):
-        return next(marked)
-    if isinstance(value, list):
-        return [_rebuild(v, marked) for v in value]
+        for tensor, mark in zip(tensors, marked):
+            if tensor is value:
+                return mark
+        return value
+    if isinstance(value, (list, dict)):
+        for container, _, _, _ in undo:
+            if container is value:
+                return value  # the same container met again: marked already
+        for key in range(len(value)) if isinstance(value, list) else list(value):
+            entry = value[key]
+            new = _rebuild(entry, tensors, marked, undo)
+            if new is not entry:
+                value[key] = new
+                undo.append((value, key, entry, new))
+        return value
     if isinstance(value, tuple):
-        items = [_rebuild(v, marked) for v in value]
+        items = [_rebuild(v, tensors, marked, undo) for v in value]
         return type(value)(*items) if hasattr(type(value), "_fields") else tuple(items)
-    if isinstance(value, dict):
-        return {k: _rebuild(v, marked) for k, v in value.items()}
     return value
 
 
