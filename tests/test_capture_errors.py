@@ -165,11 +165,19 @@ def _scaled(x):
 
 
 def test_dynamic_shape_raises_unless_asked_for():
-    draft = draft_loop(_scaled, dynamic=None)  # None: torch makes a size dynamic once it changes
-    draft(torch.randn(2, 4))
-    error = _raises(CudagraphSkipError, draft, torch.randn(3, 4))
+    draft = draft_loop(_scaled)
+    x = torch.randn(3, 4)
+    torch._dynamo.mark_dynamic(x, 0)  # a size made symbolic where the draft asked for static shapes
+    error = _raises(CudagraphSkipError, draft, x)
     assert error.where == _line("first use")
     assert "dynamic shape" in error.cause and "'x'" in error.cause
+
+
+def test_torchs_automatic_dynamic_shapes_are_refused_at_decoration():
+    """dynamic=None raised at a draft's second size, and torch keeps the sizes it saw per source line,
+    so one worker's calls made another's first call dynamic: refused where it is asked for."""
+    with pytest.raises(ValueError, match="dynamic=None"):
+        draft_loop(_scaled, dynamic=None)
 
 
 def test_inductor_skip_message_is_translated():

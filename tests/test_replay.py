@@ -83,6 +83,27 @@ def test_replays_without_dynamo_and_matches_eager():
     assert kept.data_ptr() != compiled(head, hidden, cache, position)[0].data_ptr(), "outputs are copies"
 
 
+def test_a_batch_size_called_again_checks_its_own_replay_first(monkeypatch):
+    """A server calls one draft at many batch sizes, each with a Replay; they were tried newest first,
+    so every call at the oldest size paid a failed guard check for each newer one (~4 us each)."""
+    from draftfuse.runtime.replay import Replay
+
+    head, _, cache, position = make()
+    compiled = draftfuse.draft_loop(draft, max_compiles=4)
+    batches = [torch.randn(n, 8) for n in (1, 2, 3, 4)]
+    for hidden in batches:
+        warmed(compiled, head, hidden, cache, position)
+    checks = []
+    matches = Replay.matches
+    monkeypatch.setattr(Replay, "matches", lambda self, *a: checks.append(self) or matches(self, *a))
+    for _ in range(3):
+        check_same(compiled, head, batches[0], cache, position)  # the oldest size, three times
+    assert len(checks) == 4 + 1 + 1, len(checks)  # a scan on the first call, then its own Replay first
+    checks.clear()
+    check_same(compiled, head, batches[3], cache, position)
+    assert len(checks) == 2, len(checks)
+
+
 @pytest.mark.parametrize("change", ["python attribute", "weight replaced", "weight storage swapped", "shape"])
 def test_a_change_that_would_make_the_recording_wrong_goes_through_dynamo(change):
     head, hidden, cache, position = make()

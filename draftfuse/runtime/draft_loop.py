@@ -248,8 +248,10 @@ class DraftLoop:
             grad = torch.is_grad_enabled()
             torch._C._set_grad_enabled(False)  # as torch.no_grad(), at a third of its cost: the guards hold the grad mode the draft compiled under
             try:
-                for replay in self._replays:
+                for i, replay in enumerate(self._replays):
                     if replay.matches(f_locals, explain):
+                        if i:  # the last hit first: a server's batch size holds for many calls (a miss is a guard check)
+                            self._replays.insert(0, self._replays.pop(i))
                         if torch.autograd._profiler_enabled():
                             with torch.profiler.record_function(self._span):
                                 return replay.run(f_locals, clone=not self._zero_copy)
@@ -448,7 +450,7 @@ def draft_loop(
     mode: str | None = "reduce-overhead",
     options: dict[str, Any] | None = None,
     zero_copy_outputs: bool = False,
-    dynamic: bool | None = False,
+    dynamic: bool = False,
     max_compiles: int = 4,
 ) -> Any:
     """Compile a draft as one captured region (see the module docstring): a function, a method (decorated
@@ -462,9 +464,14 @@ def draft_loop(
         what CUDA graphs want; True allows symbolic shapes: one compile serves every size, its CUDA
         graph is recorded for one size at a time (a call of other sizes runs the region without it
         and records again for them), which suits sizes that change now and then, not every call.
+        None (torch's automatic dynamic shapes) is refused: its second size would raise, and torch keeps
+        its record of sizes seen per source line, so one worker's sizes would make another's first
+        call dynamic.
     max_compiles: compiles allowed per draft (per instance for methods) before RecompileError, whatever
         torch's recompile_limit is.
     """
+    if dynamic is not True and dynamic is not False:
+        raise ValueError(f"draft_loop(dynamic={dynamic!r}): pass False (one graph per input shape, the default) or True (one graph for every size)")
     parsed = Options.parse(mode, options)
     if fn is None:
         return functools.partial(_decorate, options=parsed, zero_copy_outputs=zero_copy_outputs, dynamic=dynamic, max_compiles=max_compiles)
