@@ -875,24 +875,48 @@ def test_a_resized_output_retires_its_spare(monkeypatch, copy_launches):
     assert len(recorder.spares) == 1 and len(copies) == 1
 
 
-def test_an_output_in_an_input_s_memory_is_copied_and_the_others_handed_out(monkeypatch, copy_launches):
+def test_an_output_in_an_input_s_memory_is_the_caller_s_and_the_others_handed_out(monkeypatch, copy_launches):
+    """A view of a weight, a KV cache or an input the graph reads where the caller keeps it is a view of
+    the caller's tensor, as in eager (it was a copy: a write through it missed the cache); one of an
+    input copied into a static buffer is copied (the buffer is the next call's)."""
     weight = torch.tensor([2.0, 2.0, 2.0, 2.0])
-    recorder = _simulated_recorder(monkeypatch, lambda w, x: (x * w, w[1:]), [True, False], spares=2)
+    recorder = _simulated_recorder(monkeypatch, lambda w, x: (x * w, w[1:], x[:2]), [True, False], spares=2)
     x = torch.arange(4.0)
     recorder(weight, x)
     recorder(weight, x)
-    assert len(recorder.spares) == 2 and all(spare.foreign == {1} for spare in recorder.spares)
+    assert len(recorder.spares) == 2 and all(spare.foreign == {1, 2} for spare in recorder.spares)
     copies = copy_launches()
-    outputs = recorder.replay_for_caller([x], [0, 1])
-    assert torch.equal(outputs[0], x * 2) and torch.equal(outputs[1], weight[1:]) and not copies
-    assert outputs[1].untyped_storage().data_ptr() != weight.untyped_storage().data_ptr(), "a copy, as on the main recording"
+    outputs = recorder.replay_for_caller([x], [0, 1, 2])
+    assert torch.equal(outputs[0], x * 2) and torch.equal(outputs[1], weight[1:]) and torch.equal(outputs[2], x[:2]) and not copies
+    assert outputs[1].untyped_storage().data_ptr() == weight.untyped_storage().data_ptr()
+    assert outputs[2].untyped_storage().data_ptr() == x.untyped_storage().data_ptr()
     assert outputs[0].untyped_storage().data_ptr() == recorder.spares[0].outputs[0].untyped_storage().data_ptr()
-    weight.mul_(2)  # the caller changes the input whose view was returned: the copy it got does not change
-    assert torch.equal(outputs[1], torch.tensor([2.0, 2.0, 2.0]))
+    weight.mul_(2)  # the caller changes the input whose view was returned: the view shows it, as in eager
+    assert torch.equal(outputs[1], torch.tensor([4.0, 4.0, 4.0]))
+    y = torch.arange(4.0) + 10  # another tensor: recorded again over a static buffer, which later calls copy into
+    outputs = recorder.replay_for_caller([y], [0, 1, 2])
+    assert torch.equal(outputs[2], y[:2]) and outputs[2].untyped_storage().data_ptr() not in (
+        y.untyped_storage().data_ptr(), recorder.buffers[0].untyped_storage().data_ptr())
     recorder_no_own = _simulated_recorder(monkeypatch, lambda w, x: (w[1:],), [True, False], spares=2)
     recorder_no_own(weight, x)
     recorder_no_own(weight, x)
     assert recorder_no_own.spares == []  # no output of its own memory: nothing to hand out
+
+
+def test_a_returned_view_of_a_written_argument_is_a_view_on_every_path():
+    """draft_loop returned a copy of cache[:, :2] (eager: a view): a write through it missed the cache."""
+
+    def write_and_view(x, cache):
+        cache[:, 0] = x
+        return torch.softmax(x, -1).argmax(-1), cache[:, :2]
+
+    compiled = draftfuse.draft_loop(write_and_view)
+    cache = torch.zeros(2, 3, 5)
+    for call in range(4):  # Dynamo's path, then the replay's
+        _, view = compiled(torch.randn(2, 5), cache)
+        view.fill_(float(call))
+        assert torch.equal(cache[:, :2], torch.full((2, 2, 5), float(call))), call
+    assert compiled._replays
 
 
 def test_a_held_storage_object_keeps_its_spare_busy(monkeypatch):

@@ -55,7 +55,7 @@ from typing import Any
 
 import torch
 from torch._dynamo import eval_frame as _eval_frame
-from torch.utils._pytree import tree_flatten, tree_unflatten
+from torch.utils._pytree import tree_flatten, tree_leaves, tree_unflatten
 
 from draftfuse.graph.values import user_frame, user_location
 from draftfuse.options import Options
@@ -288,15 +288,23 @@ class DraftLoop:
         # tuples, lists and dicts) and the tensors the graph read (a KV cache attribute, say); before the
         # recorders forget the call's inputs
         as_is = set() if self._zero_copy else (set(argument_paths({**dict(enumerate(args)), **kwargs}) or ())
-                                               | {id(v) for r, _ in self._recorders for v in r.last_call_inputs})
+                                               | {id(v) for v in self._last_inputs()})
+        # and a view of one (cache[:, :2]) is one, as in eager: in the caller's memory, not copied
+        callers = {t.untyped_storage().data_ptr() for t in [*tree_leaves((args, kwargs)), *self._last_inputs()] if isinstance(t, torch.Tensor)}
         self._record_replay(args, kwargs, out, entry_run)
         if self._zero_copy:
             return out
         leaves, spec = tree_flatten(out, is_leaf=lambda x: isinstance(x, (list, tuple, dict)) and id(x) in as_is)
-        copied = [i for i, t in enumerate(leaves) if isinstance(t, torch.Tensor) and id(t) not in as_is]
+        fresh = [i for i, t in enumerate(leaves) if isinstance(t, torch.Tensor) and id(t) not in as_is]
+        copied = [i for i in fresh if leaves[i].untyped_storage().data_ptr() not in callers]
         for i, copy in zip(copied, caller_copies([leaves[i] for i in copied])):
             leaves[i] = copy
+        for i in set(fresh) - set(copied):
+            leaves[i] = leaves[i].detach()
         return tree_unflatten(leaves, spec)
+
+    def _last_inputs(self) -> list[Any]:
+        return [v for recorder, _ in self._recorders for v in recorder.last_call_inputs]
 
     def _cache_entries(self) -> list[Any]:
         """Dynamo's cache entries for the draft's code; none for a callable without code of its own (a

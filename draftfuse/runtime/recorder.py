@@ -63,6 +63,7 @@ class GraphRecorder:
         self.last_seen = 0  # draft_loop's: `calls` when it last looked for a call to build a Replay from
         self.refused: int | None = None  # draft_loop's: the generation a Replay was last refused for
         self.spare_count = spares  # recordings whose outputs are handed to callers (see _Spare); none off CUDA
+        self.callers_memory: set[int] = set()  # outputs in the memory of inputs read in place (flat indices)
         self.spares: list[_Spare] = []
 
     def __call__(self, *inputs: Any) -> Any:
@@ -131,9 +132,19 @@ class GraphRecorder:
         else:
             self.replay(sources, in_place)
         outputs = list(self.flat_outputs())
-        for i, copy in zip(kept, caller_copies([outputs[i] for i in kept])):
+        callers = self.callers_memory if self.graph is not None else _in_input_memory(outputs, self._read_in_place(self._inputs_with(sources)))
+        copied = [i for i in kept if i not in callers]
+        for i, copy in zip(copied, caller_copies([outputs[i] for i in copied])):
             outputs[i] = copy
+        for i in kept:
+            if i in callers:  # a view of a KV cache, a weight or a held input: the caller's memory, as in eager
+                outputs[i] = outputs[i].detach()
         return outputs
+
+    def _read_in_place(self, inputs: Sequence[Any]) -> list[Any]:
+        """Those of the graph's inputs it reads where the caller keeps them (not a static buffer's copy)."""
+        in_place = self.in_place or self.device.type != "cuda"
+        return [v for v, static in zip(inputs, self.static) if static or in_place]
 
     def _bring(self, sources: Sequence[torch.Tensor], in_place: bool = False) -> None:
         """Make the recorded graph read `sources`: nothing to do when they are the held inputs it reads in
@@ -191,11 +202,12 @@ class GraphRecorder:
             spares = []
             try:
                 flat = self.flat_outputs()
-                foreign = _in_input_memory(flat, self.inputs)  # copied, never handed out
+                foreign = _in_input_memory(flat, self.inputs)  # never handed out: copied, or views of the caller's
+                self.callers_memory = _in_input_memory(flat, self._read_in_place(self.inputs))
                 if len(foreign) < len(flat):  # some outputs are in the graph's own memory
                     for _ in range(self.spare_count):
                         graph, outputs = self._record()  # its own memory pool: no other recording writes its outputs
-                        spares.append(_Spare(graph, tree_flatten(outputs)[0], foreign))
+                        spares.append(_Spare(graph, tree_flatten(outputs)[0], foreign, self.callers_memory))
             except RuntimeError as error:  # out of memory: the main recording (and any spare made) serves
                 if "out of memory" not in str(error):
                     self._forget()  # unrecorded, as after a failed main capture
@@ -232,10 +244,11 @@ class _Spare:
     Memory in use that no reference shows (a tensor dropped after record_stream on another stream, or
     sent to another process) is the caller's to keep alive until that use is done."""
 
-    def __init__(self, graph: torch.cuda.CUDAGraph, outputs: list[Any], foreign: set[int]) -> None:
+    def __init__(self, graph: torch.cuda.CUDAGraph, outputs: list[Any], foreign: set[int], callers: set[int]) -> None:
         self.graph = graph
         self.outputs = outputs
-        self.foreign = foreign  # outputs in an input's memory: copied when kept, not part of the counts
+        self.foreign = foreign  # outputs in an input's memory: not part of the counts
+        self.copied = foreign - callers  # of those, the ones in a static buffer's memory: copied when kept
         self.storages = _distinct_storages([t for i, t in enumerate(outputs) if i not in foreign])  # held: part of the recorded counts
         self.recorded = self._state()
 
@@ -249,12 +262,12 @@ class _Spare:
 
     def hand_out(self, kept: Sequence[int]) -> list[Any]:
         """Replay; the flat outputs, those at `kept` as new tensors over the spare's memory (held, they keep
-        it busy), except one in an input's memory (a view of a KV cache, say): copied, as on the main
-        recording."""
+        it busy) or over the caller's (a view of a KV cache, say), except one in a static buffer's memory:
+        copied, as on the main recording."""
         self.graph.replay()
         outputs = list(self.outputs)
         for i in kept:
-            outputs[i] = outputs[i].clone() if i in self.foreign else outputs[i].detach()
+            outputs[i] = outputs[i].clone() if i in self.copied else outputs[i].detach()
         return outputs
 
     def retired(self) -> bool:
