@@ -116,6 +116,16 @@ def test_host_sync_names_its_line(fn, marker):
     assert "host" in error.cause
 
 
+def _int_list(seq_lens):
+    return torch.tensor(seq_lens.tolist()) + 1  # <- int tolist
+
+
+def test_an_int_tolist_is_named_by_what_was_written():
+    # Dynamo traces an integer tensor's .tolist() as .item() calls: the error named only `.item()`
+    error = _raises(HostSyncError, draft_loop(_int_list), torch.tensor([3, 4]))
+    assert error.where == _line("int tolist") and "`.tolist()`" in error.cause, error.cause
+
+
 def test_host_read_graph_breaks_of_older_torch_are_host_syncs():
     # torch 2.11 breaks the graph on .item() and nonzero where 2.13 traces them.
     item = torch._dynamo.exc.Unsupported("Unsupported Tensor.item() call with capture_scalar_outputs=False")

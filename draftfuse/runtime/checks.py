@@ -74,6 +74,8 @@ def host_read(node: Node) -> str | None:
         if isinstance(source, Node) and source.op == "placeholder" and is_python_number(source):
             return None  # a Python number Dynamo passes as a CPU tensor: no device value is read
         name = node.target if node.op == "call_method" else getattr(node.target, "__name__", node.target)
+        if name == "item":  # Dynamo traces .tolist(), int(t), float(t) and bool(t) as .item() calls
+            return "`.item()` (or `.tolist()`, `int()`, `float()` of a tensor, traced as `.item()`)"
         return f"`.{name}()`" if node.op == "call_method" else f"`{name}`"
     if node.op in ("call_method", "call_function"):
         value = fake_tensor(node)
