@@ -97,7 +97,7 @@ def _kernel_choice(m: Match, wants_values: bool, lowering: str) -> tuple[bool, s
     logits = fake_tensor(m.logits)
     reasons = [
         (m.dim != logits.dim() - 1, "the kernels reduce the last dim"),
-        (_needs_grad(m), "the logits require grad (the kernels have no backward)"),
+        (_needs_grad(m), "the probabilities require grad (the kernels have no backward)"),
         (m.tensor_scale is not None and _scale_rows_shape(m) is None, "the temperature is not one value per row"),
         # the kernels' probabilities are softmax(x * scale): a constant temperature is not passed to them
         (wants_values and m.factor != 1.0, "values under a constant temperature"),
