@@ -34,7 +34,7 @@ import torch
 
 from draftfuse.options import Options
 from draftfuse.runtime import checks
-from draftfuse.runtime.draft_loop import _Captured, trace_as_draft_loop, trace_before_break
+from draftfuse.runtime.tracing import _Captured, trace_as_draft_loop, trace_before_break
 from draftfuse.runtime.errors import DraftCaptureError
 from draftfuse.runtime.pipeline import Prepared, prepare
 from draftfuse.testing import graph_text

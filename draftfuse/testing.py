@@ -39,7 +39,7 @@ from draftfuse.graph.values import argument_name
 from draftfuse.options import Options
 from draftfuse.passes.post_grad import PostGradPass
 from draftfuse.passes.report import PassReport
-from draftfuse.runtime.draft_loop import own_code
+from draftfuse.runtime.tracing import own_code
 from draftfuse.runtime.pipeline import prepare
 
 

@@ -152,7 +152,8 @@ def run_level(fn: Callable, args: tuple, level: str, options: dict) -> tuple[Any
     "dynamo" (the Dynamo graph after the pass), "aten" (the post-grad graph after it, the Dynamo pass
     skipped), "inductor" (the whole pipeline through draft_loop: Inductor on the CPU)."""
     from draftfuse.options import Options
-    from draftfuse.runtime.draft_loop import draft_loop, own_code
+    from draftfuse.runtime.draft_loop import draft_loop
+    from draftfuse.runtime.tracing import own_code
     from draftfuse.runtime.pipeline import prepare
     from draftfuse.testing import _post_grad
 
@@ -186,7 +187,7 @@ def aten_graphs(fn: Callable, *args: Any, **options: Any) -> tuple[str, str, Any
 
     from draftfuse.options import Options
     from draftfuse.passes.vocab_parallel import post_grad_pass
-    from draftfuse.runtime.draft_loop import own_code
+    from draftfuse.runtime.tracing import own_code
     from draftfuse.testing import graph_text
 
     found: dict[str, Any] = {}

@@ -6,7 +6,9 @@ serves the tests that only read what it did; the method test compiles a one-step
 
 from __future__ import annotations
 
+import gc
 import warnings
+import weakref
 
 import pytest
 import torch
@@ -118,6 +120,29 @@ def test_method_binds_self_and_matches_eager():
     torch.testing.assert_close(compiled[1], eager[1], rtol=0, atol=1e-6)
     torch.testing.assert_close(worker.kv_cache, eager_cache, rtol=0, atol=1e-6)
     assert len(worker.draft.compiles) == 1 and other.draft.compiles == []
+    torch._dynamo.reset()
+
+
+def test_a_deleted_worker_frees_its_draft_weights_and_compiled_region():
+    # torch keeps every backend given to torch.compile, and Dynamo installs each compiled region in the draft's
+    # module globals until its cache entry goes: a worker's draft held its instance (weights, KV cache, CUDA
+    # graphs) for the life of the process
+    torch._dynamo.reset()
+    gone, kept = _Worker(), _Worker()
+    _, tokens, hidden, _, _ = make_inputs()
+    with torch.no_grad():
+        for _ in range(2):
+            gone.draft(tokens, hidden)
+        expected = kept.draft(tokens, hidden)[0]
+    regions = {k for k in globals() if k.startswith("__compiled_fn")}
+    held = [weakref.ref(x) for x in (gone, gone.draft, gone.kv_cache, *gone.model.parameters())]
+    del gone
+    gc.collect()
+    assert [r() for r in held] == [None] * len(held)
+    assert len({k for k in globals() if k.startswith("__compiled_fn")}) == len(regions) - 1
+    with torch.no_grad():  # the other worker's draft is untouched
+        kept.kv_cache.zero_()
+        assert torch.equal(kept.draft(tokens, hidden)[0], expected) and len(kept.draft.compiles) == 1
     torch._dynamo.reset()
 
 

@@ -6,6 +6,9 @@ test calls the draft a few times before it measures or compares.
 
 from __future__ import annotations
 
+import gc
+import weakref
+
 import pytest
 import torch
 import torch._dynamo
@@ -187,3 +190,28 @@ def test_other_input_tensors_record_again_over_static_buffers(monkeypatch, copy_
     got = compiled(model, tokens, hidden, kv_cache, position)
     assert torch.equal(got[0], expected[0]) and len(copies) == 5
     assert counters["inductor"]["cudagraph_skips"] == 0 and len(compiled.compiles) == 1
+
+
+class _CudaWorker:
+    def __init__(self) -> None:
+        self.model, self.tokens, self.hidden, self.kv_cache, self.position = make_inputs("cuda")
+
+    @draft_loop
+    def draft(self):
+        return draft(self.model, self.tokens, self.hidden, self.kv_cache, self.position)
+
+
+def _run_worker() -> tuple[weakref.ref, int]:
+    worker = _CudaWorker()
+    for _ in range(_WARM_CALLS + 2):  # recorded and replayed, with its spares
+        worker.draft()
+    return weakref.ref(worker.draft._replays[0].recorder), torch.cuda.memory_allocated()
+
+
+def test_a_deleted_worker_gives_its_cuda_graphs_memory_back():
+    _run_worker()  # the first, for what stays by design (kernels' caches, workspaces for eager calls)
+    gc.collect()
+    before = torch.cuda.memory_allocated()
+    recorder, during = _run_worker()
+    gc.collect()
+    assert during > before and recorder() is None and torch.cuda.memory_allocated() == before
