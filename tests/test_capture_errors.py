@@ -215,6 +215,10 @@ def test_recompile_past_the_limit_says_what_changed():
         draft(torch.randn(4), 2)  # <- recompile
     assert info.value.where == _line("recompile")
     assert "steps: 2, was 1" in info.value.cause
+    with pytest.raises(RecompileError) as again:  # the refused compile is not counted as the last one made
+        draft(torch.randn(4), 2)
+    assert "compile number 2 " in again.value.cause and "steps: 2, was 1" in again.value.cause
+    assert torch.equal(draft(torch.ones(4), 1), torch.full((4,), 2.0))
 
 
 def test_max_compiles_governs_above_torchs_recompile_limit():

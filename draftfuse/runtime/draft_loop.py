@@ -312,13 +312,13 @@ class DraftLoop:
 
     def _check_recompiles(self) -> None:
         signature = self._signature()
-        self._signatures.append(signature)
-        if len(self._signatures) <= self._max_compiles:
+        if len(self._signatures) < self._max_compiles:
+            self._signatures.append(signature)  # a compile refused is not one: the next error compares with the last made
             return
-        change = checks.describe_change(self._signatures[-2], signature)
+        change = checks.describe_change(self._signatures[-1], signature) if self._signatures else ""
         guard = checks.last_guard_failure(getattr(self._code_fn, "__code__", None))
         raise RecompileError(
-            f"draft {getattr(self._fn, '__qualname__', '')!r} needs compile number {len(self._signatures)} "
+            f"draft {getattr(self._fn, '__qualname__', '')!r} needs compile number {len(self._signatures) + 1} "
             f"(max_compiles={self._max_compiles}): "
             + (f"what changed since the last compile: {change}" if change else "no argument changed as a whole")
             + (f" (Dynamo: guard failed: {guard})" if guard else ""),
