@@ -226,12 +226,27 @@ class GraphRecorder:
         if self.selection_workspace is None:
             self.selection_workspace = _selection.graph_workspace(self.device)
         graph = torch.cuda.CUDAGraph()
-        stream = torch.cuda.Stream(self.device)
+        stream = _capture_stream(self.device)
         stream.wait_stream(torch.cuda.current_stream(self.device))
         with torch.cuda.stream(stream), _selection.capturing_with(self.selection_workspace), torch.cuda.graph(graph, stream=stream):
             outputs = self.compiled(*self.inputs)
         torch.cuda.current_stream(self.device).wait_stream(stream)
         return graph, outputs
+
+
+_CAPTURE_STREAMS: dict[torch.device, torch.cuda.Stream] = {}
+
+
+def _capture_stream(device: torch.device) -> torch.cuda.Stream:
+    """One side stream per device for every capture: libraries keep state per stream for good (cuBLAS a
+    workspace, 32 MiB on an H200), so a new stream per recording held that much per recording, up to
+    torch's pool of 32 streams (three recordings a batch size)."""
+    device = torch.device(device)
+    if device.index is None:
+        device = torch.device("cuda", torch.cuda.current_device())
+    if device not in _CAPTURE_STREAMS:
+        _CAPTURE_STREAMS[device] = torch.cuda.Stream(device)
+    return _CAPTURE_STREAMS[device]
 
 
 class _Spare:
