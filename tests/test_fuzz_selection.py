@@ -1,7 +1,8 @@
 """Differential fuzzing of softmax -> selection rewrites against eager PyTorch (tests/fuzz/selection.py).
 
-Programs are generated with the hazards (in-place writes to the logits and the probabilities, views,
-aliasing casts, tensor and negative temperatures, mismatched dims, smallest selections...), and with
+Programs are generated with the hazards (in-place writes to the logits and the probabilities, an
+in-place flag passed by position, views, aliasing casts, tensor and negative temperatures, temperatures
+that require grad, integer logits, mismatched dims, smallest selections...), and with
 logits that avoid the README's documented difference cases by construction (no NaN/inf rows, no
 ties, no rounding ties: see the module docstring of tests/fuzz/selection.py). Each oracle is a test:
 
