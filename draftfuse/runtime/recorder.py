@@ -234,15 +234,14 @@ class GraphRecorder:
         return graph, outputs
 
 
-_CAPTURE_STREAMS: dict[torch.device, torch.cuda.Stream] = {}
+_CAPTURE_STREAMS: dict[Any, torch.cuda.Stream] = {}
 
 
 def _capture_stream(device: torch.device) -> torch.cuda.Stream:
     """One side stream per device for every capture: libraries keep state per stream for good (cuBLAS a
     workspace, 32 MiB on an H200), so a new stream per recording held that much per recording, up to
     torch's pool of 32 streams (three recordings a batch size)."""
-    device = torch.device(device)
-    if device.index is None:
+    if isinstance(device, torch.device) and device.index is None:
         device = torch.device("cuda", torch.cuda.current_device())
     if device not in _CAPTURE_STREAMS:
         _CAPTURE_STREAMS[device] = torch.cuda.Stream(device)
