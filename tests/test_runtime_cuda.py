@@ -209,7 +209,7 @@ def _run_worker() -> tuple[weakref.ref, int]:
 
 
 def test_a_deleted_worker_gives_its_cuda_graphs_memory_back():
-    _run_worker()  # the first, for what stays by design (kernels' caches, workspaces for eager calls)
+    _run_worker()  # the first, for what stays by design (kernels' caches, eager calls' and the capture stream's workspaces)
     gc.collect()
     before = torch.cuda.memory_allocated()
     recorder, during = _run_worker()

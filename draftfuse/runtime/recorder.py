@@ -234,18 +234,17 @@ class GraphRecorder:
         return graph, outputs
 
 
-_CAPTURE_STREAMS: dict[Any, torch.cuda.Stream] = {}
+_CAPTURE_STREAMS: dict[torch.device, torch.cuda.Stream] = {}
 
 
 def _capture_stream(device: torch.device) -> torch.cuda.Stream:
-    """One side stream per device for every capture: libraries keep state per stream for good (cuBLAS a
-    workspace, 32 MiB on an H200), so a new stream per recording held that much per recording, up to
-    torch's pool of 32 streams (three recordings a batch size)."""
-    if isinstance(device, torch.device) and device.index is None:
-        device = torch.device("cuda", torch.cuda.current_device())
-    if device not in _CAPTURE_STREAMS:
-        _CAPTURE_STREAMS[device] = torch.cuda.Stream(device)
-    return _CAPTURE_STREAMS[device]
+    """One side stream per device (a tensor's: indexed) for every capture: libraries keep state per stream
+    for good (cuBLAS a workspace, 32 MiB on an H200), so a new stream per recording held that much per
+    recording, up to torch's pool of 32 streams (three recordings a batch size)."""
+    stream = _CAPTURE_STREAMS.get(device)
+    if stream is None:
+        stream = _CAPTURE_STREAMS[device] = torch.cuda.Stream(device)
+    return stream
 
 
 class _Spare:

@@ -16,6 +16,7 @@ from draftfuse.graph.values import user_location
 from draftfuse.runtime import checks, translate
 from draftfuse.runtime.errors import DraftCaptureError
 
+
 def own_code(fn: Callable[..., Any]) -> Callable[..., Any]:
     """`fn` with a code object of its own, so that Dynamo's cache for it is not shared: a copy of a plain
     function, or, for a function that torch.compile would run inside its shared wrapper frame (one Dynamo
