@@ -121,12 +121,26 @@ def _interpreter_cases(dtype: torch.dtype) -> list[tuple]:
             # the k-th largest alone in the last chunk: a program's floor must not pass it
             ("kth-apart-v2048-k4-4-splits", kth_apart(4), 4, False, 4, None),
             ("kth-apart-v2048-k16-4-splits", kth_apart(16), 16, False, 4, None),  # one tile a program: read again
+            # the k-th largest u under fl(y / |s|) for its own y: pass 2's floor in u must sit below that
+            ("kth-under-its-y-floor-k4", kth_under_its_y_floor(), 4, False, None, torch.tensor([0.75, -0.75])),
         ]
     return [  # float16
         ("special-v7-k4-scaled-log", special_rows(7, dtype), 4, True, None, special_scales(10)),
         ("special-v1000-k2-one-split", special_rows(1000, dtype), 2, False, 1, None),
         ("random-b2-v5000-k16-scaled", randn(2, 5000), 16, False, None, torch.tensor([2.0, 0.0])),
     ]
+
+
+def kth_under_its_y_floor() -> torch.Tensor:
+    """float32 rows whose 4th largest u = x * sign(s), 1.5 + 2 * 2**-23, gives y = fl(u * 0.75) whose quotient
+    fl(y / 0.75) is above u (1.5 + 3 * 2**-23): a floor in u taken as that quotient misses it. The top 4 sit
+    in four lanes (each the max of its lane's slot), the rest under them; the second row is the first's
+    negation (scale -0.75)."""
+    u = 1.5 + 2 * 2.0**-23
+    assert torch.tensor(u) < (torch.tensor(u) * 0.75) / 0.75  # the rounding this row is about (float32)
+    row = torch.linspace(-1.0, 0.0, 2048)
+    row[[0, 40, 80, 120]] = torch.tensor([5.0, 4.0, 3.0, u])
+    return torch.stack([row, -row])
 
 
 def three_a_lane() -> torch.Tensor:

@@ -34,9 +34,8 @@ other NaN sums (+inf in y) find none and keep the lanes' answer. Measured on an 
 import triton
 import triton.language as tl
 
-from draftfuse.kernels._triton_selection import (
-    _BIG_INDEX, _LOG2E, _NAN_KEY, _arrive, _exp2, _lane_max, _order_key, _pack, _program, _tile_y,
-)
+from draftfuse.kernels._triton_keys import _NAN_KEY, _order_key, _pack
+from draftfuse.kernels._triton_selection import _BIG_INDEX, _LOG2E, _arrive, _exp2, _lane_max, _program, _tile_y
 
 
 @triton.jit

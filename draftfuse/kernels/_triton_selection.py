@@ -7,10 +7,10 @@ Each row is split into chunks, one single-warp program per (row, chunk), so that
 fills the GPU (up to 256 chunks a row for k = 1, 128 for k > 1); a tile is 512 elements, 16 per lane
 as 16-byte loads, the next tile's loads issued before this tile's math, and the grid stays within one
 wave. With a scale s per row the softmax is that of y = x * s and the order is that of
-u = x * sign(s): the exact order of x * s, which rounding in y could tie for float32 logits. The floors
-below compare y, whose order is u's but for ties; with an infinite s (a temperature of 0) y is NaN where
-x = 0, out of u's order, so a k > 1 program runs on y = u there, and the row's probabilities (NaN in any
-softmax of y) are made NaN.
+u = x * sign(s): the exact order of x * s, which rounding in y could tie for float32 logits. Pass 1's
+floors are in y, whose order is u's but for ties; pass 2 and the merge compare u with a floor moved
+under them (_u_floor). With an infinite s (a temperature of 0) y is NaN where x = 0, out of u's order,
+so a k > 1 program runs on y = u there, and the row's probabilities (NaN in any softmax of y) are NaN.
 
 Pass 1 (every program) streams its chunk tile by tile: the running max m and sum of exp(y - m)
 (online softmax), and each lane's max of y is published (atomic max, only when it grew) to 32 slots
@@ -39,8 +39,7 @@ the output, written at once, and no floor is computed. With more, it drops those
 first and ranks them so if each lane then holds at most two (its best and second, each ranked among
 both); otherwise (a lane holding three, or the room run out) it merges them by rounds, the [k, splits]
 area too when the room ran out.
-Measured on an H200 (benchmarks/results): k = 4 and k = 16 at batch 1 take 5.2-8.2 us, where the
-k = 1 kernel takes 2.4-3.6: pass 2's hits, the floor's read and the candidates' ranking more.
+H200 timings: benchmarks/results (k = 4 and 16 at batch 1 take 2-3 us over the k = 1 kernel).
 
 The counter and slots live in a per-stream workspace (_triton_launch.py) that every launch leaves as
 it found it (all INT32_MIN), so a call needs no fill kernel; a call captured on a stream that has none
@@ -59,9 +58,8 @@ contiguous last dim.
 import triton
 import triton.language as tl
 
-_NO_KEY = tl.constexpr(-(2**31))  # int32 below every element's order key: the workspace's idle value
-_EMPTY = tl.constexpr(-(2**63))  # int64 below every packed key
-_NAN_KEY = tl.constexpr(2**31 - 1)
+from draftfuse.kernels._triton_keys import _EMPTY, _NAN_KEY, _NO_KEY, _order_key, _pack, _u_floor, _unpack
+
 _BIG_INDEX = tl.constexpr(2**31 - 1)
 _LOG2E = tl.constexpr(1.4426950408889634)
 _MAX_TILES = tl.constexpr(256)  # tiles per chunk at most (a program's record of tile maxima: RECORD <= this)
@@ -91,29 +89,6 @@ _RESNAP_MIN_K, _RESNAP_MIN_ROWS = 16, 8
 # k > 1: how a round merges 32 candidates into the top list: "sort" (a 64-wide bitonic sort) or
 # "rank" (32 x 32 comparisons; what Triton's interpreter always runs)
 _MERGE = "sort"
-
-
-@triton.jit
-def _order_key(x):
-    """float32 -> int32 whose signed order is torch's order of the floats."""
-    bits = x.to(tl.int32, bitcast=True)
-    bits = tl.where(bits == -(2**31), 0, bits)  # -0.0 ties with +0.0
-    key = tl.where(bits < 0, bits ^ 0x7FFFFFFF, bits)  # negative floats: larger magnitude, smaller key
-    return tl.where(x != x, _NAN_KEY, key)  # every NaN above +inf
-
-
-@triton.jit
-def _pack(key, index):
-    # the low word holds 2**31 - 1 - index, so among equal keys the lower index packs larger
-    return (key.to(tl.int64) << 32) | tl.cast(0x7FFFFFFF - index, tl.int64)  # index may be a scalar
-
-
-@triton.jit
-def _unpack(packed):
-    key = (packed >> 32).to(tl.int32)
-    index = 0x7FFFFFFF - (packed & 0x7FFFFFFF).to(tl.int32)
-    bits = tl.where(key < 0, key ^ 0x7FFFFFFF, key)
-    return bits.to(tl.float32, bitcast=True), index
 
 
 @triton.jit
@@ -332,17 +307,13 @@ def _selection_kernel(
             x = tl.load(row_ptr + offs).to(tl.float32)
         else:
             x = tl.load(row_ptr + offs, mask=valid, other=0.0).to(tl.float32)
-        if HAS_SCALE:
-            y_key = _order_key(x * s)
-            u = x * s_sign
-        else:
-            y_key = _order_key(x)
-            u = x
-        hit = valid & (y_key >= floor)
+        u_floor = _u_floor(floor, s * s_sign) if HAS_SCALE else floor
+        u_key = _order_key(x * s_sign) if HAS_SCALE else _order_key(x)
+        hit = valid & (u_key >= u_floor)
         at, n = _positions(hit)
         if n > 0:
             at += tl.atomic_add(ws_row + 1, n, sem="relaxed") - _NO_KEY
-            keys = _pack(_order_key(u), offs)
+            keys = _pack(u_key, offs)
             tl.store(key_row + at, keys, mask=hit & (at < CAND))
             # past the row's capacity: this program's best K of what didn't fit, kept in registers
             missed = hit & (at >= CAND)
@@ -396,10 +367,9 @@ def _positions(hit):
 
 
 @triton.jit
-def _above(keys, valid, floor, s, s_sign, HAS_SCALE: tl.constexpr):
-    """The packed keys (valid ones) whose element's y reaches the floor; _EMPTY elsewhere."""
-    u, _ = _unpack(keys)
-    return tl.where(valid & (_order_key(_y_of(u, s, s_sign, HAS_SCALE)) >= floor), keys, _EMPTY)
+def _above(keys, valid, u_floor):
+    """The packed keys (valid ones) whose u reaches u_floor (see _u_floor); _EMPTY elsewhere."""
+    return tl.where(valid & ((keys >> 32).to(tl.int32) >= u_floor), keys, _EMPTY)
 
 
 @triton.jit
@@ -455,7 +425,9 @@ def _merge_row(
             cand = tl.where(valid, keys, _EMPTY)
         else:
             floor = _kth_largest(slot_keys, K)
-            cand = _above(keys, valid, floor, s, s_sign, HAS_SCALE)
+            if HAS_SCALE:
+                floor = _u_floor(floor, s * s_sign)
+            cand = _above(keys, valid, floor)
         lane_best = _lane_max(cand)
         most = tl.max(tl.sum(tl.sum((cand != _EMPTY).to(tl.int32), 2), 1), 0)  # candidates in a lane, at most
         # the usual cases (distinct keys holding the top K: each one's rank among them is its place): each
@@ -478,7 +450,7 @@ def _merge_row(
                 for b in range(0, K * splits, CAND):
                     at = b + flat
                     keys = tl.load(region + at, mask=at < K * splits, other=_EMPTY, cache_modifier=".cg")
-                    top, kth = _insert(_above(keys, at < K * splits, floor, s, s_sign, HAS_SCALE), top, kth, K, SORT)
+                    top, kth = _insert(_above(keys, at < K * splits, floor), top, kth, K, SORT)
             _write_top(top, lanes, row64, s, s_sign, row_max, row_sum, log_sum, finite, prob_ptr, index_ptr, log, K,
                        HAS_SCALE)
 
