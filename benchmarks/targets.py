@@ -69,10 +69,12 @@ REASONS: dict[tuple[str, str | None], str] = {
     ("sel_speedup", None): "the same fixed latency: at batch <= 64 softmax+topk is 56-422 µs, draftfuse 5.2-30 µs",
     ("baseline", None): "no drift reference: the hand edit was not measured in both runs",
     ("temp_speed", None): (
-        "the scaled kernels do more a tile: y = x * s's 16 FMUL at k > 1 (186-202 SASS instructions a tile "
-        "against 186-187 on sm_90, Triton 3.6), where most misses are; at k = 1, one loop per sign of s, "
-        "191-193 against 178-179 (207-209 for s = 0 or NaN). The scale's own load is issued before the first "
-        "tile's and not waited on there (notes/compile_sm90.py)"
+        "k > 1: pass 1's y = x * s, 16 FMUL a tile (203 SASS instructions against 186 on sm_90, Triton 3.6), "
+        "which shows where pass 1 streams longest: bf16 at batch 64-256 and vocab >= 128256, 1.05-1.18; there, at "
+        "batch 256 and k = 4-8, the kernel is also 1.02-1.08x its time before pass 2 compared u (_u_floor; side by "
+        "side, notes/u_floor_probe.py), cause not found (pass 1's loop differs by one instruction). k = 1: one "
+        "loop per sign of s (191-193 instructions a tile against 178-179), and float32 scaled runs 16 programs per "
+        "SM where unscaled runs 21 (each measured fastest): 1.06-1.13 at float32 (notes/kernels.md)"
     ),
     ("tp_speedup", None): "not measured: the 2-GPU machine stopped being lent after this session's first call",
     ("tp_batch1", None): "not measured: the 2-GPU machine stopped being lent after this session's first call",

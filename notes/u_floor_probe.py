@@ -4,11 +4,12 @@ y = x * s and u = x * sign(s) and the order keys of both (sm_90 SASS, Triton 3.6
 tile against 762 unscaled); after, u's key alone (776). Result: notes/kernels.md ("Pass 2 in u").
 
 Each point: µs per call in a CUDA graph (draftfuse._measure.time_in_graph: inputs rotated over 3x the L2),
-the variants taking turns (3 rounds of 10 replays), each variant's tokens and probabilities checked against
+the variants taking turns (--rounds rounds of 10 replays, 3 by default), each variant's tokens and probabilities checked against
 the reference first. The kernel before is loaded from a copy of its module file:
 
     git show <rev>:draftfuse/kernels/_triton_selection.py > gpu-logs/selection_before.py
     python notes/u_floor_probe.py --before gpu-logs/selection_before.py [--out probe.json] [--budget-s 150]
+        [--dtypes bfloat16 float32] [--vocabs 32000 151936] [--batches 1 8 64 256] [--ks 4 16] [--rounds 3]
 """
 
 import argparse
@@ -56,10 +57,15 @@ def main() -> None:
     parser.add_argument("--before", required=True)
     parser.add_argument("--out")
     parser.add_argument("--budget-s", type=float, default=150)
+    parser.add_argument("--dtypes", nargs="+", default=["bfloat16", "float32"])
+    parser.add_argument("--vocabs", type=int, nargs="+", default=[32000, 151936])
+    parser.add_argument("--batches", type=int, nargs="+", default=[1, 8, 64, 256])
+    parser.add_argument("--ks", type=int, nargs="+", default=[4, 16])
+    parser.add_argument("--rounds", type=int, default=3)
     args = parser.parse_args()
     variants = {"before": load(args.before), "u floor": _triton_launch._selection_kernel}
     start, device, rows = time.time(), torch.device("cuda"), []
-    points = [(d, v, b) for d in (torch.bfloat16, torch.float32) for v in (32000, 151936) for b in (1, 8, 64, 256)]
+    points = [(getattr(torch, d), v, b) for d in args.dtypes for v in args.vocabs for b in args.batches]
     for dtype, vocab, batch in points:
         if time.time() - start > args.budget_s:
             print("budget: stopping", flush=True)
@@ -67,7 +73,7 @@ def main() -> None:
         buffers = _measure.rotation_count(batch * vocab * dtype.itemsize, device)
         inputs = [(torch.randn(batch, vocab, device=device) * 4).to(dtype) for _ in range(buffers)]
         t = torch.rand(batch, device=device) + 0.5  # temperatures 0.5-1.5, as SGLang's per-request ones
-        for k in (4, 16):
+        for k in args.ks:
             for scale in (None, 1 / t):
                 calls = {name: launcher(kernel, k, scale) for name, kernel in variants.items()}
                 want_prob, want_index = topk_prob_reference(inputs[0], k, scale=scale)
@@ -77,7 +83,7 @@ def main() -> None:
                     if not torch.equal(index, want_index) or not torch.allclose(prob, want_prob, rtol=2e-5, atol=1e-7):
                         wrong.append(name)
                 samples = {name: [] for name in calls}
-                for _ in range(3):
+                for _ in range(args.rounds):
                     for name, call in calls.items():
                         samples[name] += _measure.time_in_graph(call, inputs, 10)
                 times = {name: _measure.summary(s)["median_us"] for name, s in samples.items()}
