@@ -7,10 +7,10 @@ Each row is split into chunks, one single-warp program per (row, chunk), so that
 fills the GPU (up to 256 chunks a row for k = 1, 128 for k > 1); a tile is 512 elements, 16 per lane
 as 16-byte loads, the next tile's loads issued before this tile's math, and the grid stays within one
 wave. With a scale s per row the softmax is that of y = x * s and the order is that of
-u = x * sign(s): the exact order of x * s, which rounding in y could tie for float32 logits. Pass 1's
-floors are in y, whose order is u's but for ties; pass 2 and the merge compare u with a floor moved
-under them (_u_floor). With an infinite s (a temperature of 0) y is NaN where x = 0, out of u's order,
-so a k > 1 program runs on y = u there, and the row's probabilities (NaN in any softmax of y) are NaN.
+u = x * sign(s): the exact order of x * s, which rounding in y could tie for float32 logits. The floors
+are in y, whose order is u's but for ties; pass 2 compares u with its floor moved under them (_u_floor).
+With an infinite s (a temperature of 0) y is NaN where x = 0, out of u's order, so a k > 1 program runs
+on y = u there, and the row's probabilities (NaN in any softmax of y) are made NaN.
 
 Pass 1 (every program) streams its chunk tile by tile: the running max m and sum of exp(y - m)
 (online softmax), and each lane's max of y is published (atomic max, only when it grew) to 32 slots
@@ -367,9 +367,11 @@ def _positions(hit):
 
 
 @triton.jit
-def _above(keys, valid, u_floor):
-    """The packed keys (valid ones) whose u reaches u_floor (see _u_floor); _EMPTY elsewhere."""
-    return tl.where(valid & ((keys >> 32).to(tl.int32) >= u_floor), keys, _EMPTY)
+def _above(keys, valid, floor, s, s_sign, HAS_SCALE: tl.constexpr):
+    """The packed keys (valid ones) whose element's y reaches the floor; _EMPTY elsewhere. (Comparing u with
+    _u_floor here, as pass 2 does, moved pass 1's loads in the compiled kernel: notes/kernels.md.)"""
+    u, _ = _unpack(keys)
+    return tl.where(valid & (_order_key(_y_of(u, s, s_sign, HAS_SCALE)) >= floor), keys, _EMPTY)
 
 
 @triton.jit
@@ -425,9 +427,7 @@ def _merge_row(
             cand = tl.where(valid, keys, _EMPTY)
         else:
             floor = _kth_largest(slot_keys, K)
-            if HAS_SCALE:
-                floor = _u_floor(floor, s * s_sign)
-            cand = _above(keys, valid, floor)
+            cand = _above(keys, valid, floor, s, s_sign, HAS_SCALE)
         lane_best = _lane_max(cand)
         most = tl.max(tl.sum(tl.sum((cand != _EMPTY).to(tl.int32), 2), 1), 0)  # candidates in a lane, at most
         # the usual cases (distinct keys holding the top K: each one's rank among them is its place): each
@@ -450,7 +450,7 @@ def _merge_row(
                 for b in range(0, K * splits, CAND):
                     at = b + flat
                     keys = tl.load(region + at, mask=at < K * splits, other=_EMPTY, cache_modifier=".cg")
-                    top, kth = _insert(_above(keys, at < K * splits, floor), top, kth, K, SORT)
+                    top, kth = _insert(_above(keys, at < K * splits, floor, s, s_sign, HAS_SCALE), top, kth, K, SORT)
             _write_top(top, lanes, row64, s, s_sign, row_max, row_sum, log_sum, finite, prob_ptr, index_ptr, log, K,
                        HAS_SCALE)
 
