@@ -54,18 +54,20 @@ def compile_sm90(fn, dtype: str, constants: dict) -> tuple[str, str]:
     return " ".join(re.findall(r"REG:\d+|STACK:\d+", usage)), sass
 
 
-def loops(sass: str) -> list[Counter]:
-    """Opcode counts of each loop body (a backward branch to a label)."""
+def loops(sass: str) -> list[tuple[Counter, list[int]]]:
+    """Each loop body (a backward branch to a label): its opcode counts and where in it (the instruction's
+    place, from 0) its global loads are. A prefetch issued late in the tile loop hides less of its
+    latency: the place moved with code outside the loop once (notes/kernels.md, "Pass 2 in u")."""
     lines = sass.splitlines()
     labels = {m.group(1): i for i, line in enumerate(lines) if (m := re.match(r"\s*\.(L_x_\d+):", line))}
     found = []
     for i, line in enumerate(lines):
         m = re.search(r"BRA\s+`?\(?\.?(L_x_\d+)", line)
         if m and labels.get(m.group(1), i) < i:
-            ops = [re.search(r"\*/\s+(?:@!?U?P\w+\s+)?([A-Z][A-Z0-9_]*)", x) for x in lines[labels[m.group(1)]:i + 1]]
-            body = Counter(op.group(1) for op in ops if op)
-            if sum(body.values()) > 1:
-                found.append(body)
+            ops = [op.group(1) for x in lines[labels[m.group(1)]:i + 1]
+                   if (op := re.search(r"\*/\s+(?:@!?U?P\w+\s+)?([A-Z][A-Z0-9_]*)", x))]
+            if len(ops) > 1:
+                found.append((Counter(ops), [n for n, op in enumerate(ops) if op == "LDG"]))
     return found
 
 
@@ -86,7 +88,10 @@ def main() -> None:
                     with open(os.path.join(args.sass, f"{name}_{dtype}{'_scaled' * scaled}.sass"), "w") as f:
                         f.write(sass)
                 first = loops(sass)[:1]
-                hot = f"first loop {sum(first[0].values())} instructions {dict(first[0].most_common(6))}" if first else ""
+                hot = ""
+                if first:
+                    ops, loads = first[0]
+                    hot = f"first loop {sum(ops.values())} instructions, LDG at {loads} {dict(ops.most_common(6))}"
                 print(f"{name:4} {dtype} {'scaled' if scaled else 'plain ':6} {usage} LDG.128 {sass.count('LDG.E.128')} "
                       f"SHFL {sass.count('SHFL')} | {hot}")
 
