@@ -5,8 +5,9 @@
 - Triton's interpreter (TRITON_INTERPRET=1, on CPU): the kernel against the references on every
   dtype, ragged and large vocabularies, forced and automatic splits, k from 1 to 16, ties, NaN,
   +-inf, -0.0, all-equal rows, per-row scales of every sign (0 and NaN too) and a 0-d one, little
-  room for k > 1's candidates, and 40 random draws over those hazards; after it the shared workspace
-  must be back to its idle state. Triton reads that variable when a kernel is
+  room for k > 1's candidates, and 40 random draws over those hazards; pass 2's floor moved from
+  y = x * s to u = x * sign(s) (_u_floor) on 20000 random float32 pairs over the whole range; after it
+  the shared workspace must be back to its idle state. Triton reads that variable when a kernel is
   defined, so these cases run in a subprocess started with it (`python -m tests.test_kernels DTYPE...`
   runs them by hand). The interpreter runs programs one after another, so the first program of a
   row always sees no other's slots and the last sees all: both ends of pass 2's floor. Cases are
@@ -143,6 +144,62 @@ def kth_under_its_y_floor() -> torch.Tensor:
     return torch.stack([row, -row])
 
 
+def _order_keys(x: torch.Tensor) -> torch.Tensor:
+    """The kernels' order keys of float32 values, in torch (NaN: 2**31 - 1)."""
+    bits = x.view(torch.int32)
+    bits = torch.where(bits == INT32_MIN, 0, bits)
+    return torch.where(x.isnan(), 2**31 - 1, torch.where(bits < 0, bits ^ 0x7FFFFFFF, bits))
+
+
+if importlib.util.find_spec("triton") is not None:  # the kernel of u_floor_failures (Triton's interpreter runs it)
+    import triton
+    import triton.language as tl
+
+    from draftfuse.kernels._triton_keys import _u_floor
+
+    @triton.jit
+    def u_floor_kernel(floor_ptr, s_ptr, out_ptr, N: tl.constexpr):
+        i = tl.arange(0, N)
+        tl.store(out_ptr + i, _u_floor(tl.load(floor_ptr + i), tl.load(s_ptr + i)))
+
+
+def u_floor_failures(count: int = 20000, seed: int = 0) -> list[str]:
+    """_u_floor (pass 2's floor moved from y = fl(u * |s|) to u) run by Triton's interpreter on random
+    float32 pairs over the whole range (denormals, 0, +-FLT_MAX, +-inf; |s| from 1e-45 to 3e38): for the
+    floor at each pair's own y, that u and its three float32 neighbours below must reach the moved floor
+    wherever their y reaches y's key."""
+    import triton
+
+    g = torch.Generator().manual_seed(seed)
+    uniform = lambda lo, hi: lo + (hi - lo) * torch.rand(count, generator=g, dtype=torch.float64)  # noqa: E731
+    sign = torch.where(torch.rand(count, generator=g) < 0.5, -1.0, 1.0).double()
+    u = (sign * 10.0 ** uniform(-46, 38.5)).float()
+    u[:8] = torch.tensor([0.0, -0.0, 1e-45, -1e-45, 3.4028235e38, -3.4028235e38, INF, -INF])
+    s = (10.0 ** uniform(-45, 38.5)).float()
+    s[8:16] = torch.tensor([1e-45, 3.4028235e38, 1.0, 0.75, 1e-45, 0.75, 3.0, 1e-38])
+    y = u * s
+    keep = ~y.isnan() & (s > 0)
+    u, s, y = u[keep], s[keep], y[keep]
+    n = triton.next_power_of_2(u.numel())
+    floor = torch.full((n,), INT32_MIN, dtype=torch.int32)
+    floor[: u.numel()] = _order_keys(y)
+    scale = torch.ones(n)
+    scale[: u.numel()] = s
+    out = torch.empty(n, dtype=torch.int32)
+    u_floor_kernel[(1,)](floor, scale, out, N=n)
+    out = out[: u.numel()]
+    failures = []
+    below = u
+    for step in range(4):  # u, then the float32 values just under it
+        reach = _order_keys(below * s) >= _order_keys(y)
+        missed = (reach & (_order_keys(below) < out)).nonzero().flatten()
+        for i in missed[:3].tolist():
+            failures.append(f"_u_floor: u = {below[i].item()!r} (step {step}), s = {s[i].item()!r}: y reaches the floor, "
+                            f"u's key {_order_keys(below[i:i + 1]).item()} < moved floor {out[i].item()}")
+        below = torch.nextafter(below, torch.tensor(-INF))
+    return failures
+
+
 def three_a_lane() -> torch.Tensor:
     """[1, 512] float32, one tile (lane L holds elements 4L .. 4L + 3 and 128 + 4L .. of each 128): lanes
     0-15 at -8, lane 16 at 10 (k = 16's floor: the 16th largest lane max) then 0, 0; lanes 17-31 three
@@ -247,6 +304,8 @@ def run_interpreter_cases(dtype: torch.dtype) -> list[str]:
                 _selection._run_kernels(x, k, False, prob, index, s)
                 if problem := check_selection(x, k, False, prob, index, s):
                     failures.append(f"{dtype}, {name} float32 scale, k={k}: {problem}")
+    if dtype == torch.float32:
+        failures += u_floor_failures()
     if dtype == torch.bfloat16:
         # k > 1 with room for only 32 candidates a row: most programs keep some of theirs (the merge
         # reads both); random rows (few past the floor) and special ones (all-equal, all -inf: all past)
