@@ -168,8 +168,6 @@ def u_floor_failures(count: int = 20000, seed: int = 0) -> list[str]:
     float32 pairs over the whole range (denormals, 0, +-FLT_MAX, +-inf; |s| from 1e-45 to 3e38): for the
     floor at each pair's own y, that u and its three float32 neighbours below must reach the moved floor
     wherever their y reaches y's key."""
-    import triton
-
     g = torch.Generator().manual_seed(seed)
     uniform = lambda lo, hi: lo + (hi - lo) * torch.rand(count, generator=g, dtype=torch.float64)  # noqa: E731
     sign = torch.where(torch.rand(count, generator=g) < 0.5, -1.0, 1.0).double()
