@@ -1,7 +1,8 @@
 """The selection ops (torch.ops.draftfuse.argmax_prob / topk_prob) against their torch references.
 
 - CPU: the references against softmax + topk/argmax (with and without a scale), the scale's rules,
-  the ops' schemas and fake implementations (torch.library.opcheck), a Dynamo + AOT capture.
+  the ops' schemas and fake implementations (torch.library.opcheck), a Dynamo + AOT capture; the k > 1
+  kernel compiled for sm_90 (PTX, nothing run) prefetching into L2 from 16-bit logits only.
 - Triton's interpreter (TRITON_INTERPRET=1, on CPU): the kernel against the references on every
   dtype, ragged and large vocabularies, forced and automatic splits, k from 1 to 16, ties, NaN,
   +-inf, -0.0, all-equal rows, per-row scales of every sign (0 and NaN too) and a 0-d one, little
@@ -735,6 +736,32 @@ def fill_kernels_of(work) -> int:
         work()
         torch.cuda.synchronize()
     return sum("FillFunctor" in e.name for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA)
+
+
+@pytest.mark.slow
+def test_l2_prefetch_compiled_for_16_bit_logits_only():
+    """The k > 1 kernel's pass 1 prefetches into L2 (_prefetch_l2) where it measured faster: in the PTX that
+    Triton makes for an H200 (sm_90) from bf16 logits, and not from float32 ones, where it measured slower.
+    Compiled on this CPU; nothing runs."""
+    pytest.importorskip("triton")
+    from triton import compile as triton_compile
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+
+    from draftfuse.kernels._triton_selection import _selection_kernel
+
+    pointers = {"scale_ptr": "*fp32", "part_ptr": "*fp32", "key_ptr": "*i64", "ws_ptr": "*i32", "prob_ptr": "*fp32", "index_ptr": "*i64"}
+    constants = dict(K=4, BLOCK=512, CAND=256, HAS_SCALE=False, GPU=True, PDL=True, SORT=True, MERGE=128, RECORD=32, RESNAP=False)
+    found = {}
+    for dtype, v in (("bf16", 8), ("fp32", 4)):
+        values = {**constants, "V": v}
+        names = _selection_kernel.arg_names
+        signature = {n: "constexpr" if n in values else pointers.get(n, f"*{dtype}" if n == "logits_ptr" else "i32") for n in names}
+        source = ASTSource(_selection_kernel, signature, constexprs={(names.index(n),): x for n, x in values.items()},
+                           attrs={(i,): [["tt.divisibility", 16]] for i, n in enumerate(names) if n.endswith("ptr")})
+        kernel = triton_compile(source, target=GPUTarget("cuda", 90, 32), options={"num_warps": 1, "launch_pdl": True})
+        found[dtype] = kernel.asm["ptx"].count("prefetch.global.L2")
+    assert found["bf16"] >= 1 and found["fp32"] == 0, found
 
 
 def test_graph_workspace_off_the_kernels():
