@@ -53,6 +53,52 @@ def launcher(kind: str, kernel, k: int, scale: torch.Tensor | None):
     return call
 
 
+def measure(calls: dict, inputs: list[torch.Tensor], k: int, scale: torch.Tensor | None, rounds: int) -> tuple[dict, list]:
+    """(median µs per call of each call, the names of those whose tokens or probabilities were wrong)."""
+    want_prob, want_index = topk_prob_reference(inputs[0], k, scale=scale)
+    wrong = []
+    for name, call in calls.items():
+        prob, index = call(inputs[0])
+        if not torch.equal(index, want_index) or not torch.allclose(prob, want_prob, rtol=2e-5, atol=1e-7):
+            wrong.append(name)
+    samples = {name: [] for name in calls}
+    for _ in range(rounds):
+        for name, call in calls.items():
+            samples[name] += _measure.time_in_graph(call, inputs, 10)
+    return {name: _measure.summary(s)["median_us"] for name, s in samples.items()}, wrong
+
+
+def run(points: list[tuple[str, str, int, int]], variants: dict, ks: list[int], rounds: int, budget_s: float) -> list[dict]:
+    """Every (kind, dtype, vocab, batch) point, with and without a temperature tensor, its kind's variants
+    ({kind: {name: kernel}}) taking turns; a row per point, k and scale, printed as it is measured."""
+    start, device, rows = time.time(), torch.device("cuda"), []
+    for kind, dtype_name, vocab, batch in points:
+        if time.time() - start > budget_s:
+            print("budget: stopping before", (kind, dtype_name, vocab, batch), flush=True)
+            break
+        dtype = getattr(torch, dtype_name)
+        buffers = _measure.rotation_count(batch * vocab * dtype.itemsize, device)
+        inputs = [(torch.randn(batch, vocab, device=device) * 4).to(dtype) for _ in range(buffers)]
+        t = torch.rand(batch, device=device) + 0.5  # temperatures 0.5-1.5, as SGLang's per-request ones
+        for k in [1] if kind == "k1" else ks:
+            for scale in (None, 1 / t):
+                calls = {name: launcher(kind, kernel, k, scale) for name, kernel in variants[kind].items()}
+                times, wrong = measure(calls, inputs, k, scale, rounds)
+                row = {"kind": kind, "dtype": dtype_name, "vocab": vocab, "batch": batch, "k": k, "scaled": scale is not None,
+                       **{f"{n}_us": v for n, v in times.items()}, "wrong": wrong}
+                rows.append(row)
+                print(json.dumps({key: round(v, 3) if isinstance(v, float) else v for key, v in row.items()}), flush=True)
+    return rows
+
+
+def summarize(rows: list[dict], kind: str, name: str, base: str) -> None:
+    for scaled in (False, True):
+        ratios = sorted(r[f"{name}_us"] / r[f"{base}_us"] for r in rows if r["kind"] == kind and r["scaled"] == scaled)
+        if ratios:
+            print(f"{kind} {name} / {base} {'scaled' if scaled else 'plain '}: median {ratios[len(ratios) // 2]:.3f}, "
+                  f"min {ratios[0]:.3f}, max {ratios[-1]:.3f} ({len(ratios)} points)")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--k1", nargs="*", default=[], help="NAME=path of a copy of _triton_argmax.py")
@@ -68,45 +114,14 @@ def main() -> None:
         for spec in getattr(args, kind):
             name, path = spec.split("=", 1)
             variants[kind][name] = load(name, path, kind)
-    start, device, rows = time.time(), torch.device("cuda"), []
-    for point in args.points:
-        if time.time() - start > args.budget_s:
-            print("budget: stopping before", point, flush=True)
-            break
-        kind, dtype_name, vocab, batch = point.split(":")
-        dtype, vocab, batch = getattr(torch, dtype_name), int(vocab), int(batch)
-        buffers = _measure.rotation_count(batch * vocab * dtype.itemsize, device)
-        inputs = [(torch.randn(batch, vocab, device=device) * 4).to(dtype) for _ in range(buffers)]
-        t = torch.rand(batch, device=device) + 0.5  # temperatures 0.5-1.5, as SGLang's per-request ones
-        for k in [1] if kind == "k1" else args.ks:
-            for scale in (None, 1 / t):
-                calls = {name: launcher(kind, kernel, k, scale) for name, kernel in variants[kind].items()}
-                want_prob, want_index = topk_prob_reference(inputs[0], k, scale=scale)
-                wrong = []
-                for name, call in calls.items():
-                    prob, index = call(inputs[0])
-                    if not torch.equal(index, want_index) or not torch.allclose(prob, want_prob, rtol=2e-5, atol=1e-7):
-                        wrong.append(name)
-                samples = {name: [] for name in calls}
-                for _ in range(args.rounds):
-                    for name, call in calls.items():
-                        samples[name] += _measure.time_in_graph(call, inputs, 10)
-                times = {name: _measure.summary(s)["median_us"] for name, s in samples.items()}
-                row = {"kind": kind, "dtype": dtype_name, "vocab": vocab, "batch": batch, "k": k, "scaled": scale is not None,
-                       **{f"{n}_us": v for n, v in times.items()}, "wrong": wrong}
-                rows.append(row)
-                print(json.dumps({key: round(v, 3) if isinstance(v, float) else v for key, v in row.items()}), flush=True)
+    points = [(kind, dtype, int(vocab), int(batch)) for kind, dtype, vocab, batch in (p.split(":") for p in args.points)]
+    rows = run(points, variants, args.ks, args.rounds, args.budget_s)
     if args.out:
         Path(args.out).write_text(json.dumps(rows, indent=1))
     for kind in ATTRIBUTE:
         for name in variants[kind]:
-            if name == "package":
-                continue
-            for scaled in (False, True):
-                ratios = sorted(r[f"{name}_us"] / r["package_us"] for r in rows if r["kind"] == kind and r["scaled"] == scaled)
-                if ratios:
-                    print(f"{kind} {name} {'scaled' if scaled else 'plain '}: / package median {ratios[len(ratios) // 2]:.3f}, "
-                          f"min {ratios[0]:.3f}, max {ratios[-1]:.3f} ({len(ratios)} points)")
+            if name != "package":
+                summarize(rows, kind, name, "package")
     print("wrong:", [r for r in rows if r["wrong"]])
 
 
