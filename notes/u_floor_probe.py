@@ -37,7 +37,7 @@ def main() -> None:
     parser.add_argument("--ks", type=int, nargs="+", default=[4, 16])
     parser.add_argument("--rounds", type=int, default=3)
     args = parser.parse_args()
-    variants = {"topk": {"before": load("before", args.before, "topk"), "u floor": _triton_launch._selection_kernel}}
+    variants = {"topk": {"before": (load("before", args.before, "topk"), {}), "u floor": (_triton_launch._selection_kernel, {})}}
     points = [("topk", d, v, b) for d in args.dtypes for v in args.vocabs for b in args.batches]
     rows = run(points, variants, args.ks, args.rounds, args.budget_s)
     if args.out:

@@ -4,7 +4,8 @@ a GPU, with a temperature tensor and without: the probe for a kernel change befo
     python notes/variant_probe.py --k1 NAME=path/_triton_argmax.py ... --topk NAME=path/_triton_selection.py ...
         [--points k1:bfloat16:128256:32 topk:bfloat16:32000:8 ...] [--ks 4 16] [--out probe.json] [--budget-s 200]
 
-A variant file is a whole copy of the module (it may import the package's other kernel modules). Each point:
+A variant file is a whole copy of the module (it may import the package's other kernel modules); a variant
+`NAME=package:maxnreg=80` is the package's kernel launched with that keyword of launch_selection. Each point:
 µs per call in a CUDA graph (draftfuse._measure.time_in_graph: inputs rotated over 3x the L2), the variants
 taking turns (--rounds rounds of 10 replays), each variant's tokens and probabilities checked against the
 reference first. The package's own kernel is the variant "package".
@@ -34,9 +35,9 @@ def load(name: str, path: str, kind: str):
     return getattr(module, ATTRIBUTE[kind])
 
 
-def launcher(kind: str, kernel, k: int, scale: torch.Tensor | None):
-    """launch_selection with `kernel` in place of the package's (the plan's own programs per SM, passed so
-    that no ready launch of another variant is reused)."""
+def launcher(kind: str, kernel, k: int, scale: torch.Tensor | None, **options):
+    """launch_selection with `kernel` in place of the package's and `options` (the plan's own programs per
+    SM, passed so that no ready launch of another variant is reused)."""
 
     def call(x):
         prob = torch.empty(x.shape[0], k, device=x.device)
@@ -45,7 +46,7 @@ def launcher(kind: str, kernel, k: int, scale: torch.Tensor | None):
         setattr(_triton_launch, ATTRIBUTE[kind], kernel)
         try:
             per_sm = _triton_launch.default_programs_per_sm(x.element_size(), k, scale is not None)
-            _triton_launch.launch_selection(x, k, False, prob, index, scale, programs_per_sm=per_sm)
+            _triton_launch.launch_selection(x, k, False, prob, index, scale, programs_per_sm=per_sm, **options)
         finally:
             setattr(_triton_launch, ATTRIBUTE[kind], kept)
         return prob, index
@@ -70,7 +71,7 @@ def measure(calls: dict, inputs: list[torch.Tensor], k: int, scale: torch.Tensor
 
 def run(points: list[tuple[str, str, int, int]], variants: dict, ks: list[int], rounds: int, budget_s: float) -> list[dict]:
     """Every (kind, dtype, vocab, batch) point, with and without a temperature tensor, its kind's variants
-    ({kind: {name: kernel}}) taking turns; a row per point, k and scale, printed as it is measured."""
+    ({kind: {name: (kernel, launch options)}}) taking turns; a row per point, k and scale, printed as it is measured."""
     start, device, rows = time.time(), torch.device("cuda"), []
     for kind, dtype_name, vocab, batch in points:
         if time.time() - start > budget_s:
@@ -82,7 +83,7 @@ def run(points: list[tuple[str, str, int, int]], variants: dict, ks: list[int], 
         t = torch.rand(batch, device=device) + 0.5  # temperatures 0.5-1.5, as SGLang's per-request ones
         for k in [1] if kind == "k1" else ks:
             for scale in (None, 1 / t):
-                calls = {name: launcher(kind, kernel, k, scale) for name, kernel in variants[kind].items()}
+                calls = {name: launcher(kind, kernel, k, scale, **options) for name, (kernel, options) in variants[kind].items()}
                 times, wrong = measure(calls, inputs, k, scale, rounds)
                 row = {"kind": kind, "dtype": dtype_name, "vocab": vocab, "batch": batch, "k": k, "scaled": scale is not None,
                        **{f"{n}_us": v for n, v in times.items()}, "wrong": wrong}
@@ -109,11 +110,15 @@ def main() -> None:
     parser.add_argument("--budget-s", type=float, default=200)
     parser.add_argument("--out")
     args = parser.parse_args()
-    variants = {kind: {"package": getattr(_triton_launch, ATTRIBUTE[kind])} for kind in ATTRIBUTE}
+    variants = {kind: {"package": (getattr(_triton_launch, ATTRIBUTE[kind]), {})} for kind in ATTRIBUTE}
     for kind in ATTRIBUTE:
         for spec in getattr(args, kind):
             name, path = spec.split("=", 1)
-            variants[kind][name] = load(name, path, kind)
+            if path.startswith("package:"):  # the package's kernel, other launch keywords (maxnreg=80)
+                options = {key: int(value) for key, value in (item.split("=") for item in path.split(":")[1:])}
+                variants[kind][name] = (variants[kind]["package"][0], options)
+            else:
+                variants[kind][name] = (load(name, path, kind), {})
     points = [(kind, dtype, int(vocab), int(batch)) for kind, dtype, vocab, batch in (p.split(":") for p in args.points)]
     rows = run(points, variants, args.ks, args.rounds, args.budget_s)
     if args.out:
