@@ -37,14 +37,15 @@ ARGS = ["logits_ptr", "row_stride", "vocab", "chunk", "splits", "scale_ptr", "sc
 TYPES = ["*{dt}", "i32", "i32", "i32", "i32", "*fp32", "i32", "*fp32", "*i64", "*i32", "*fp32", "*i64", "i32"]
 
 
-def compile_sm90(fn, dtype: str, constants: dict) -> tuple[str, str]:
-    """(resource usage, SASS) of `fn` for sm_90; `constants` in the kernel's parameter order."""
+def compile_sm90(fn, dtype: str, constants: dict, maxnreg: int | None = None) -> tuple[str, str]:
+    """(resource usage, SASS) of `fn` for sm_90; `constants` in the kernel's parameter order; `maxnreg` as
+    launch_selection's keyword (a register budget, which changes where ptxas puts the loads)."""
     signature = {name: kind.format(dt=dtype) for name, kind in zip(ARGS, TYPES)}
     signature.update({name: "constexpr" for name in constants})
     names = list(signature)
     attrs = {(i,): [["tt.divisibility", 16]] for i, n in enumerate(ARGS) if n.endswith("ptr") or n in ("row_stride", "chunk")}
     source = ASTSource(fn, signature, constexprs={(names.index(k),): v for k, v in constants.items()}, attrs=attrs)
-    options = {"num_warps": 1, "enable_fp_fusion": False, "launch_pdl": True}
+    options = {"num_warps": 1, "enable_fp_fusion": False, "launch_pdl": True, **({"maxnreg": maxnreg} if maxnreg else {})}
     kernel = triton.compile(source, target=GPUTarget("cuda", 90, 32), options=options)
     path = "/tmp/draftfuse_sm90.cubin"
     with open(path, "wb") as f:
@@ -74,6 +75,7 @@ def loops(sass: str) -> list[tuple[Counter, list[int]]]:
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--sass", help="write each kernel's SASS into this folder")
+    parser.add_argument("--maxnreg", type=int, help="compile with this register budget (launch_selection's maxnreg)")
     args = parser.parse_args()
     print("Triton", triton.__version__)
     for dtype, v in (("bf16", 8), ("fp32", 4)):
@@ -83,7 +85,7 @@ def main() -> None:
                 kernels[f"k={k}"] = (_selection_kernel, dict(K=k, BLOCK=512, V=v, CAND=256, HAS_SCALE=scaled, GPU=True,
                                                             PDL=True, SORT=True, MERGE=128, RECORD=32))
             for name, (fn, constants) in kernels.items():
-                usage, sass = compile_sm90(fn, dtype, constants)
+                usage, sass = compile_sm90(fn, dtype, constants, args.maxnreg)
                 if args.sass:
                     with open(os.path.join(args.sass, f"{name}_{dtype}{'_scaled' * scaled}.sass"), "w") as f:
                         f.write(sass)
