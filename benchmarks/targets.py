@@ -71,11 +71,11 @@ REASONS: dict[tuple[str, str | None], str] = {
     ("temp_speed", None): (
         "k > 1: pass 1's y = x * s, 16 FMUL a tile (198 SASS instructions against 190-192 for bf16 on sm_90, Triton "
         "3.6), which shows where pass 1 streams longest (bf16 vocab 262144 batch 256: 1.07-1.10, rows from before "
-        "the L2 prefetch, which took scaled and unscaled alike 0.93-0.95x there); at batch 1-8 the merge's filter "
+        "the L2 prefetch, which took scaled and unscaled alike 0.93-0.96x there); at batch 1-8 the merge's filter "
         "rebuilds y from each candidate (about 1.05 at bf16 vocab 32000; a filter in u measured no better side by "
         "side with the prefetch, notes/kernels.md). k = 1: one loop per sign of s (191-193 instructions a tile "
         "against 178-179); float32 scaled takes ~0.65 µs more at its small points (same grids: not the programs "
-        "per SM), 1.05-1.13 at float32, cause not found"
+        "per SM), 1.12-1.13 at three float32 points, cause not found"
     ),
     ("tp_speedup", None): "not measured: the 2-GPU machine stopped being lent after this session's first call",
     ("tp_batch1", None): "not measured: the 2-GPU machine stopped being lent after this session's first call",

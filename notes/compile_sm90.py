@@ -83,7 +83,7 @@ def main() -> None:
             kernels = {"k=1": (_argmax_kernel, dict(BLOCK=512, V=v, HAS_SCALE=scaled, GPU=True, PDL=True, MERGE=256))}
             for k in (4, 16):
                 kernels[f"k={k}"] = (_selection_kernel, dict(K=k, BLOCK=512, V=v, CAND=256, HAS_SCALE=scaled, GPU=True,
-                                                            PDL=True, SORT=True, MERGE=128, RECORD=32))
+                                                            PDL=True, SORT=True, MERGE=128, RECORD=32, RESNAP=False))
             for name, (fn, constants) in kernels.items():
                 usage, sass = compile_sm90(fn, dtype, constants, args.maxnreg)
                 if args.sass:

@@ -744,6 +744,8 @@ def test_l2_prefetch_compiled_for_16_bit_logits_only():
     Triton makes for an H200 (sm_90) from bf16 logits, and not from float32 ones, where it measured slower.
     Compiled on this CPU; nothing runs."""
     pytest.importorskip("triton")
+    if os.environ.get("TRITON_INTERPRET") == "1":
+        pytest.skip("TRITON_INTERPRET=1: the kernels are defined for the interpreter, not compiled")
     from triton import compile as triton_compile
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
@@ -759,7 +761,7 @@ def test_l2_prefetch_compiled_for_16_bit_logits_only():
         signature = {n: "constexpr" if n in values else pointers.get(n, f"*{dtype}" if n == "logits_ptr" else "i32") for n in names}
         source = ASTSource(_selection_kernel, signature, constexprs={(names.index(n),): x for n, x in values.items()},
                            attrs={(i,): [["tt.divisibility", 16]] for i, n in enumerate(names) if n.endswith("ptr")})
-        kernel = triton_compile(source, target=GPUTarget("cuda", 90, 32), options={"num_warps": 1, "launch_pdl": True})
+        kernel = triton_compile(source, target=GPUTarget("cuda", 90, 32), options={"num_warps": 1, "launch_pdl": True, "enable_fp_fusion": False})
         found[dtype] = kernel.asm["ptx"].count("prefetch.global.L2")
     assert found["bf16"] >= 1 and found["fp32"] == 0, found
 

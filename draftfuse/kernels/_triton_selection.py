@@ -94,11 +94,12 @@ _MERGE = "sort"
 @triton.jit
 def _prefetch_l2(row_ptr, tile, end, BLOCK: tl.constexpr, GPU: tl.constexpr):
     """Pass 1's loop of the k > 1 kernel, 16-bit logits: a hint that brings the tile after the next one
-    into L2 (one prefetch.global.L2 per lane, no registers, no wait), clamped to the chunk's whole
-    tiles. Side by side on an H200 (notes/kernels.md, "An L2 prefetch two tiles ahead"): bf16 at batch
-    256 took 0.93-0.97x the time at vocab >= 128256 (0.97-1.00 at 32000), batch 1-64 0.99-1.03x; float32
-    at batch 256 1.04-1.06x, hence 16-bit only. The k = 1 kernel has none: its unscaled bf16 loop took
-    0.94-0.97x but its scaled one 1.02-1.04x, which would have put a temperature's cost past 5 %."""
+    into L2 (one prefetch.global.L2 per lane, nothing loaded into registers, no wait), clamped to the
+    chunk's whole tiles. Side by side on an H200 (notes/kernels.md, "An L2 prefetch two tiles ahead"):
+    bf16 at batch 256 took 0.93-0.97x the time at vocab >= 128256 (0.97-1.00 at 32000), batch 1-64
+    0.99-1.03x; float32 at batch 256 1.04-1.06x, hence 16-bit only. The k = 1 kernel has none: its
+    unscaled bf16 loop took 0.94-0.97x but its scaled one 1.02-1.04x, which would have put a
+    temperature's cost past 5 %."""
     if GPU and row_ptr.dtype.element_ty.primitive_bitwidth == 16:
         offs = tl.minimum(tile + 2 * BLOCK + tl.arange(0, 32) * (BLOCK // 32), end - 1)
         tl.inline_asm_elementwise("prefetch.global.L2 [$1];", "=r,l", [row_ptr + offs], dtype=tl.int32, is_pure=False, pack=1)
