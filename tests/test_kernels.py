@@ -754,10 +754,9 @@ def test_l2_prefetch_compiled_for_16_bit_logits_only():
 
     pointers = {"scale_ptr": "*fp32", "part_ptr": "*fp32", "key_ptr": "*i64", "ws_ptr": "*i32", "prob_ptr": "*fp32", "index_ptr": "*i64"}
     constants = dict(K=4, BLOCK=512, CAND=256, HAS_SCALE=False, GPU=True, PDL=True, SORT=True, MERGE=128, RECORD=32, RESNAP=False)
-    found = {}
+    names, found = _selection_kernel.arg_names, {}
     for dtype, v in (("bf16", 8), ("fp32", 4)):
         values = {**constants, "V": v}
-        names = _selection_kernel.arg_names
         signature = {n: "constexpr" if n in values else pointers.get(n, f"*{dtype}" if n == "logits_ptr" else "i32") for n in names}
         source = ASTSource(_selection_kernel, signature, constexprs={(names.index(n),): x for n, x in values.items()},
                            attrs={(i,): [["tt.divisibility", 16]] for i, n in enumerate(names) if n.endswith("ptr")})
