@@ -852,6 +852,23 @@ def test_cuda_graph_replay_recomputes(workspace):
 
 
 @pytest.mark.cuda
+def test_cuda_register_budget_for_16_bit_argmax_only():
+    """k = 1 with 16-bit logits compiles with a register budget (measured faster on an H200); float32 and
+    k > 1 keep ptxas's own count; maxnreg=0 turns it off. Each launch exact, through the ready launches too."""
+    kernels = _selection._triton_selection()
+    g = torch.Generator(device="cuda").manual_seed(0)
+    for dtype, k, options, want in [(torch.bfloat16, 1, {}, kernels._MAXNREG_16BIT), (torch.float16, 1, {}, kernels._MAXNREG_16BIT),
+                                    (torch.float32, 1, {}, None), (torch.bfloat16, 4, {}, None), (torch.bfloat16, 1, {"maxnreg": 0}, None)]:
+        for _ in range(3):  # the third call is a ready launch
+            x = (torch.randn(8, 32000, device="cuda", generator=g) * 4).to(dtype)
+            prob, index = torch.empty(8, k, device="cuda"), torch.empty(8, k, device="cuda", dtype=torch.int64)
+            kernel = kernels.launch_selection(x, k, False, prob, index, **options)
+            assert not (problem := check_selection(x, k, False, prob.view(8, k), index.view(8, k))), (dtype, k, problem)
+        assert (kernel.metadata.maxnreg or None) == want, (dtype, k, options, kernel.metadata.maxnreg)
+        assert want is None or kernel.n_regs <= want
+
+
+@pytest.mark.cuda
 def test_cuda_repeated_calls_skip_the_jit(monkeypatch):
     """From a key's third call on (the second one learns the kernel's occupancy), a call launches the compiled
     kernel directly: no Triton JIT lookup. Exact on every call, new data each time; a misaligned view, a
