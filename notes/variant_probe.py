@@ -36,8 +36,8 @@ def load(name: str, path: str, kind: str):
 
 
 def launcher(kind: str, kernel, k: int, scale: torch.Tensor | None, **options):
-    """launch_selection with `kernel` in place of the package's and `options` (the plan's own programs per
-    SM, passed so that no ready launch of another variant is reused)."""
+    """launch_selection with `kernel` in place of the package's and `options` (by default the plan's own
+    programs per SM, passed so that no ready launch of another variant is reused)."""
 
     def call(x):
         prob = torch.empty(x.shape[0], k, device=x.device)
@@ -46,7 +46,7 @@ def launcher(kind: str, kernel, k: int, scale: torch.Tensor | None, **options):
         setattr(_triton_launch, ATTRIBUTE[kind], kernel)
         try:
             per_sm = _triton_launch.default_programs_per_sm(x.element_size(), k, scale is not None)
-            _triton_launch.launch_selection(x, k, False, prob, index, scale, programs_per_sm=per_sm, **options)
+            _triton_launch.launch_selection(x, k, False, prob, index, scale, **{"programs_per_sm": per_sm, **options})
         finally:
             setattr(_triton_launch, ATTRIBUTE[kind], kept)
         return prob, index

@@ -13,7 +13,7 @@ import warnings
 import torch
 import triton
 
-from draftfuse.kernels._triton_argmax import _MAXNREG_16BIT, _argmax_kernel
+from draftfuse.kernels._triton_argmax import _MAXNREG_16BIT, _MAXNREG_MIN_TILES, _argmax_kernel
 from draftfuse.kernels._triton_selection import (  # noqa: F401  (the tuning constants live with the kernel)
     _selection_kernel,
     _WS_COLS,
@@ -256,10 +256,10 @@ def launch_selection(
     `index` (int64), each holding rows * k contiguous elements, row-major. `scale`: None, or float32
     with one element per row (rows elements) or one for all (1 element): y = logits * scale.
     One kernel launch; scratch sized by shapes only, so it can be captured in a CUDA graph. The
-    keywords override the tiling heuristics (tests and the benchmark's tuning use them; maxnreg=0: ptxas's
-    own register count, where k = 1 with 16-bit logits defaults to _MAXNREG_16BIT; `candidates`, a
-    power of two >= 32, is a row's room for k > 1's candidates before the programs keep their own). Returns
-    Triton's compiled kernel (its n_regs, n_spills), None for no rows."""
+    keywords override the tiling heuristics (tests and the benchmark's tuning use them; `maxnreg`=0 is ptxas's
+    own register count, the default but for k = 1 with 16-bit logits and chunks of _MAXNREG_MIN_TILES tiles or
+    more; `candidates`, a power of two >= 32, is a row's room for k > 1's candidates before the programs keep
+    their own). Returns Triton's compiled kernel (its n_regs, n_spills), None for no rows."""
     rows, vocab = logits.shape
     if rows == 0:
         return None
@@ -273,11 +273,12 @@ def launch_selection(
         if ready is not None:
             return _launch_ready(ready, logits, k, log, prob, index, scale)
     pdl = (_PDL and cuda and _capability(device) >= 9) if pdl is None else pdl
-    if maxnreg is None and k == 1 and cuda and logits.element_size() == 2:
-        maxnreg = _MAXNREG_16BIT
     sort = cuda and _MERGE == "sort"
     programs_per_sm = programs_per_sm or default_programs_per_sm(logits.element_size(), k, scale is not None)
     block = _block(vocab, k, block)
+    if maxnreg is None and k == 1 and cuda and logits.element_size() == 2:  # 0: none
+        _, chunk, _ = plan(rows, vocab, k, device, splits=splits, block=block, programs_per_sm=programs_per_sm)
+        maxnreg = _MAXNREG_16BIT if chunk >= _MAXNREG_MIN_TILES * block else 0
     # Never aim past what fits in one wave: Triton compiles a kernel per specialisation (here: dtype,
     # k, scale or not, block, the options, 16-byte alignment of the pointers and of the row stride),
     # and the first launch of each tells how many of its programs fit per SM.
