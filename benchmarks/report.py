@@ -249,7 +249,7 @@ def _points_section(points: list[_targets.Point]) -> list[str]:
         for p in shown:
             measured = _fmt(p.measured, 2) if not isinstance(p.measured, float) else f"{p.measured:.2f}{p.unit}"
             limit = "yes" if p.op == "is" else "–" if p.limit is None else f"{p.op} {p.limit:.2f}{p.unit}"
-            body.append([p.where, measured, limit, _fmt(p.ratio, 2), _verdict(p.met), p.reason or ""])
+            body.append([p.where, measured, limit, _fmt(p.ratio, 2), _verdict(p.met), (p.met is False and p.reason) or ""])  # why a miss is one
         counts = (f"{sum(p.met is True for p in mine)} met, {sum(p.met is False for p in mine)} missed, "
                   f"{sum(p.met is None for p in mine)} not measured")  # fmt: skip
         lines += [f"### {name}", "", counts + ".", ""]

@@ -237,6 +237,11 @@ def test_table_marks_each_target_met_or_missed_with_its_ratio(monkeypatch):
     assert "Not measured (time budget): eagle 8." in table
     assert "| mtp batch 1 | 25.00 µs | <= 30.00 µs | 0.83 | met |  |" in table  # a met point, with its ratio
     assert table.index("## Targets") < table.index("## mtp:") < table.index("## Target points")
+    # a target's reason explains its misses: a met point of it shows none
+    monkeypatch.setattr(targets, "REASONS", {("sel_k1", None): "analysed"})
+    table = report.markdown(META, rows, runs, baseline, tp)
+    assert "| bfloat16 V=32000 B=1 | 5.50 µs | <= 6.00 µs | 0.92 | met |  |" in table
+    assert "| bfloat16 V=128256 B=1 | 7.00 µs | <= 5.00 µs | 1.40 | **missed** | two dependent kernels |" in table
 
 
 def test_host_and_baseline_misses_are_explained_by_the_same_runs_figures():
