@@ -52,11 +52,12 @@ REASONS: dict[tuple[str, str | None], str] = {
     ("sel_k1", None): (
         "the bytes and the kernel's fixed cost add up: at batch 1 it takes 2.4-3.6 µs, of which a probe kernel "
         "doing only the launch, a one-tile load per program, the row's counter and its last program's merge "
-        "takes 2.22 at [1, 32000]. Fixed cost and floor together exceed the limit at 5 of the 8 misses (batch 8-64); "
-        "at the other 3 (batch 64-256) they come within 3-8 % of it and the kernel takes 1.4-1.7 µs more than "
-        "their sum, streaming below the copy's bandwidth. "
-        "Keeping each lane's state (no warp reduction per tile) took 0.84-1.03x the time at batch 8-64 (median "
-        "0.97), two tiles ahead and programs of 2-8 warps did not help (notes/kernels.md)"
+        "takes 2.22 at [1, 32000]. Fixed cost and floor together exceed the limit at 4 of the 6 misses (batch 8-64); "
+        "at the other 2 (bf16 batch 64-256) they come within 4-7 % of it and the kernel takes 0.4-0.7 µs more "
+        "than their sum. A 72-register budget (16-bit logits, 3 tiles a program or more) took 0.89-0.94x; other "
+        "grids (12 or 32 programs a SM, 1024-element tiles) gained at one miss and lost at others; keeping each "
+        "lane's state took 0.84-1.03x at batch 8-64, two tiles ahead and programs of 2-8 warps did not help "
+        "(notes/kernels.md)"
     ),
     ("sel_k", None): (
         "latency: 2.7-4.7 µs over k = 1 at batch 1, 2.7-4.8 (k = 4) and 3.7-7.0 (k = 16) at batch 8-32; taken "
@@ -70,12 +71,12 @@ REASONS: dict[tuple[str, str | None], str] = {
     ("baseline", None): "no drift reference: the hand edit was not measured in both runs",
     ("temp_speed", None): (
         "k > 1: pass 1's y = x * s, 16 FMUL a tile (198 SASS instructions against 190-192 for bf16 on sm_90, Triton "
-        "3.6), which shows where pass 1 streams longest (bf16 vocab 262144 batch 256: 1.07-1.10, rows from before "
-        "the L2 prefetch, which took scaled and unscaled alike 0.93-0.96x there); at batch 1-8 the merge's filter "
-        "rebuilds y from each candidate (about 1.05 at bf16 vocab 32000; a filter in u measured no better side by "
-        "side with the prefetch, notes/kernels.md). k = 1: one loop per sign of s (191-193 instructions a tile "
-        "against 178-179); float32 scaled takes ~0.65 µs more at its small points (same grids: not the programs "
-        "per SM), 1.12-1.13 at three float32 points, cause not found"
+        "3.6); at batch 1 the merge's filter rebuilds y from each candidate (1.05 at bf16 vocab 32000 k = 8 and 16; "
+        "a filter in u measured no better side by side, notes/kernels.md). k = 1: one loop per sign of s (191-193 "
+        "instructions a tile against 178-179); bf16 vocab 32000 batch 1: 0.18 µs (1.04 in the run before). "
+        "float32 scaled takes ~0.65 µs more on the grids of 2-tile programs at 15.5 a SM (vocab 32000 batch 64, "
+        "262144 batch 8: 1.13 side by side too; 12 programs a SM took the scaled call 0.95x and the unscaled "
+        "1.05-1.11x) and 1.06-1.12 at batch 256, cause not found"
     ),
     ("tp_speedup", None): "not measured: the 2-GPU machine stopped being lent after this session's first call",
     ("tp_batch1", None): "not measured: the 2-GPU machine stopped being lent after this session's first call",
