@@ -4,7 +4,8 @@ graph (83 kernels + 8 memsets) replays in 13-21 µs. Here graphs of 48 nodes of 
 all kinds in turn), host µs per `graph.replay()` (draftfuse._measure.host_times: the GPU kept busy), all
 taking turns, beside the MTP draft's graphs (benchmarks/_drafts.py, reference size, bf16, batch 1:
 draftfuse's recording and the raw runner's), and the kernels one replay of draftfuse's MTP graph runs, by name (a torch.profiler trace, last).
-Usage (GPU): python notes/node_kind_probe.py [--out probe.json]
+Usage (GPU): python notes/node_kind_probe.py [--out probe.json] [--only SUBSTRING ...] [--no-mtp]
+(--only: the kinds whose names hold one of the substrings; --no-mtp: no MTP draft built or timed)
 """
 
 import argparse
@@ -52,6 +53,8 @@ def kernels_of(graph) -> dict[str, int]:
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--out")
+    parser.add_argument("--only", nargs="+", help="only the kinds whose names hold one of these")
+    parser.add_argument("--no-mtp", action="store_true", help="without the MTP draft's graphs")
     args = parser.parse_args()
     device = torch.device("cuda")
     bf = dict(device=device, dtype=torch.bfloat16)
@@ -69,6 +72,10 @@ def main() -> None:
 
     q16, kv16 = torch.randn(1, 16, 1, 128, **bf), torch.randn(1, 16, 1024, 128, **bf)
     a4k, w_tall = torch.randn(1, 4096, **bf), torch.randn(1024, 4096, **bf)
+    # MTP's attention at batch 1 (examples/mtp_frozen_kv.py, reference size): 8 KV heads of 4 queries each over a
+    # frozen cache of 2048 keys, a boolean mask; on the H200 its graph runs cuDNN's sm90 flash kernel there
+    q_mtp, kv_mtp = torch.randn(1, 8, 4, 128, **bf), torch.randn(1, 8, 2048, 128, **bf)
+    mask_mtp = (torch.arange(2048, device=device) < 1024)[None, None, None, :]
     distinct = [torch.compile(lambda t, c=c: (t * c + 1).relu_(), dynamic=False) for c in range(2, 10)]
     turn = [0]
 
@@ -89,7 +96,10 @@ def main() -> None:
         "cuDNN sdpa bf16, 1 query, 1024 keys": cudnn_sdpa,
         "linear bf16 [1, 4096] x [1024, 4096] (split-K?)": lambda: F.linear(a4k, w_tall),
         "8 Inductor kernels in turn": in_turn([lambda f=f: f(x) for f in distinct]),
+        "MTP's masked sdpa bf16, 8 x 4 queries, 2048 keys": lambda: F.scaled_dot_product_attention(q_mtp, kv_mtp, kv_mtp, attn_mask=mask_mtp),
     }
+    if args.only:
+        ops = {name: op for name, op in ops.items() if any(s in name for s in args.only)}
     for f in distinct:
         f(x)  # compiled before any capture
     graphs, failed = {}, {}
@@ -100,6 +110,22 @@ def main() -> None:
             failed[name] = repr(error)[:300]
     graphs["every kind above in turn"] = captured(in_turn([ops[name] for name in list(graphs)]))
     calls = {f"{name} x {NODES}": g.replay for name, g in graphs.items()}
+    if not args.no_mtp:
+        calls.update(mtp_graphs(device))
+    torch.cuda.synchronize()
+    out = {"host us per replay": {k: t.us_per_call for k, t in _measure.host_times(calls, device, batches=9).items()}, "failed": failed}
+    print(json.dumps(out, indent=1), flush=True)
+    out["kernels of each probe graph"] = {name: kernels_of(g) for name, g in graphs.items()}
+    for name, replay in calls.items():
+        if name.startswith("mtp: "):
+            out[f"kernels in one replay of {name[5:]}"] = kernels_of(replay.__self__)
+    print(json.dumps(out, indent=1), flush=True)
+    if args.out:
+        Path(args.out).write_text(json.dumps(out, indent=1))
+
+
+def mtp_graphs(device: torch.device) -> dict:
+    """The replays of the MTP draft's graphs at batch 1: draftfuse's recording and the raw runner's."""
     from benchmarks import _drafts
     from draftfuse.runtime.draft_loop import DraftLoop
 
@@ -111,19 +137,8 @@ def main() -> None:
         raw()
         ours()
     loop = next(o for o in gc.get_objects() if type(o) is DraftLoop and id(o) not in before and o._replays)
-    mtp_graph = loop._replays[0].recorder.graph
     raw_graph = raw.__closure__[raw.__code__.co_freevars.index("state")].cell_contents.get("graph")
-    calls["mtp: draftfuse's recording"] = mtp_graph.replay
-    calls["mtp: the raw runner's graph"] = raw_graph.replay
-    torch.cuda.synchronize()
-    out = {"host us per replay": {k: t.us_per_call for k, t in _measure.host_times(calls, device, batches=9).items()}, "failed": failed}
-    print(json.dumps(out, indent=1), flush=True)
-    out["kernels of each probe graph"] = {name: kernels_of(g) for name, g in graphs.items()}
-    out["kernels in one replay of draftfuse's mtp graph"] = kernels_of(mtp_graph)
-    out["kernels in one replay of the raw runner's mtp graph"] = kernels_of(raw_graph)
-    print(json.dumps(out, indent=1), flush=True)
-    if args.out:
-        Path(args.out).write_text(json.dumps(out, indent=1))
+    return {"mtp: draftfuse's recording": loop._replays[0].recorder.graph.replay, "mtp: the raw runner's graph": raw_graph.replay}
 
 
 if __name__ == "__main__":
