@@ -276,7 +276,7 @@ def launch_selection(
     sort = cuda and _MERGE == "sort"
     programs_per_sm = programs_per_sm or default_programs_per_sm(logits.element_size(), k, scale is not None)
     block = _block(vocab, k, block)
-    if maxnreg is None and k == 1 and cuda and logits.element_size() == 2:  # 0: none
+    if maxnreg is None and k == 1 and cuda and logits.element_size() == 2:  # (maxnreg=0: no budget asked)
         _, chunk, _ = plan(rows, vocab, k, device, splits=splits, block=block, programs_per_sm=programs_per_sm)
         maxnreg = _MAXNREG_16BIT if chunk >= _MAXNREG_MIN_TILES * block else 0
     # Never aim past what fits in one wave: Triton compiles a kernel per specialisation (here: dtype,
