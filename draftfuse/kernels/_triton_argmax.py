@@ -41,7 +41,7 @@ from draftfuse.kernels._triton_selection import _BIG_INDEX, _LOG2E, _arrive, _ex
 # _MAXNREG_MIN_TILES tiles or more (launch_selection's maxnreg). Without one, ptxas keeps 64 registers by
 # loading the next tile into this tile's last-used ones, late in the loop; given 72 it issues those loads at
 # the loop's top (sm_90, Triton 3.6). On an H200, side by side, 16-bit logits with 3-43 tiles a program took
-# 0.89-0.94x the time without a scale and 0.94-0.98x with one; with 1-2 tiles 0.98-1.01x, but 1.11-1.19x on
+# 0.89-0.94x the time without a scale and 0.94-0.98x with one; with 1-2 tiles 0.98-1.01x, but 1.12-1.19x on
 # the grids of 2-tile programs at 15.5 a SM (vocab 32000 batch 64, 262144 batch 8). float32 ran up to 1.16x
 # slower: none (notes/kernels.md, "A register budget moves the k = 1 loads").
 _MAXNREG_16BIT = 72
