@@ -27,8 +27,7 @@ os.environ.setdefault("TEARDOWN_CUPTI", "1")
 
 import torch  # noqa: E402
 
-from host_breakdown import BUILDERS, host_us  # noqa: E402
-from draftfuse.runtime.draft_loop import DraftLoop  # noqa: E402
+from host_breakdown import BUILDERS, host_us, recorded  # noqa: E402
 
 _new = torch.cuda.CUDAGraph.__new__
 
@@ -78,16 +77,7 @@ def shape(dot: str) -> dict:
 
 
 def probe(name: str, batch: int, out: Path) -> dict:
-    work = BUILDERS[name]("reference", batch, torch.device("cuda"), torch.bfloat16)
-    raw = work.variants["raw_cuda_graph"]()
-    for _ in range(3):
-        raw()
-    raw_graph = raw.__closure__[raw.__code__.co_freevars.index("state")].cell_contents.get("graph")
-    before = {id(o) for o in gc.get_objects() if type(o) is DraftLoop}
-    ours = work.variants["draftfuse"]()
-    for _ in range(4):
-        ours()
-    loop = next(o for o in gc.get_objects() if type(o) is DraftLoop and id(o) not in before and o._replays)
+    raw, raw_graph, ours, loop = recorded(name, batch, torch.device("cuda"))  # the calls alive: their static buffers
     recorder = loop._replays[0].recorder
     torch.cuda.synchronize()
     row = {"workload": name, "batch": batch}

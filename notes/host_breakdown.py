@@ -73,7 +73,9 @@ def graph_nodes(graph) -> dict[str, int]:
     return kinds
 
 
-def breakdown(name: str, batch: int, device: torch.device, size: str) -> dict:
+def recorded(name: str, batch: int, device: torch.device, size: str = "reference") -> tuple:
+    """(the raw runner's call, its torch.cuda.CUDAGraph, draftfuse's call, its DraftLoop) for a benchmark draft,
+    each called until its graphs are recorded (bf16 on the GPU, float32 on the CPU)."""
     work = BUILDERS[name](size, batch, device, torch.bfloat16 if device.type == "cuda" else torch.float32)
     raw = work.variants["raw_cuda_graph"]()
     for _ in range(3):
@@ -83,8 +85,12 @@ def breakdown(name: str, batch: int, device: torch.device, size: str) -> dict:
     ours = work.variants["draftfuse"]()
     for _ in range(4):
         ours()
-    loops = [o for o in gc.get_objects() if type(o) is DraftLoop and id(o) not in before and o._replays]
-    loop = loops[0]
+    loop = next(o for o in gc.get_objects() if type(o) is DraftLoop and id(o) not in before and o._replays)
+    return raw, raw_graph, ours, loop
+
+
+def breakdown(name: str, batch: int, device: torch.device, size: str) -> dict:
+    raw, raw_graph, ours, loop = recorded(name, batch, device, size)
     replay = loop._replays[0]
     seen = {}
     bind = loop._bind

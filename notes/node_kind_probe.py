@@ -10,7 +10,6 @@ Usage (GPU): python notes/node_kind_probe.py [--out probe.json] [--only SUBSTRIN
 
 import argparse
 import collections
-import gc
 import json
 import os
 import sys
@@ -110,8 +109,12 @@ def main() -> None:
             failed[name] = repr(error)[:300]
     graphs["every kind above in turn"] = captured(in_turn([ops[name] for name in list(graphs)]))
     calls = {f"{name} x {NODES}": g.replay for name, g in graphs.items()}
-    if not args.no_mtp:
-        calls.update(mtp_graphs(device))
+    if not args.no_mtp:  # the MTP draft's graphs at batch 1, its calls kept alive (their static buffers)
+        from host_breakdown import recorded
+
+        raw, raw_graph, ours, loop = recorded("mtp", 1, device)
+        calls["mtp: draftfuse's recording"] = loop._replays[0].recorder.graph.replay
+        calls["mtp: the raw runner's graph"] = raw_graph.replay
     torch.cuda.synchronize()
     out = {"host us per replay": {k: t.us_per_call for k, t in _measure.host_times(calls, device, batches=9).items()}, "failed": failed}
     print(json.dumps(out, indent=1), flush=True)
@@ -122,23 +125,6 @@ def main() -> None:
     print(json.dumps(out, indent=1), flush=True)
     if args.out:
         Path(args.out).write_text(json.dumps(out, indent=1))
-
-
-def mtp_graphs(device: torch.device) -> dict:
-    """The replays of the MTP draft's graphs at batch 1: draftfuse's recording and the raw runner's."""
-    from benchmarks import _drafts
-    from draftfuse.runtime.draft_loop import DraftLoop
-
-    work = _drafts.build_mtp("reference", 1, device, torch.bfloat16)
-    raw = work.variants["raw_cuda_graph"]()
-    before = {id(o) for o in gc.get_objects() if type(o) is DraftLoop}
-    ours = work.variants["draftfuse"]()
-    for _ in range(4):
-        raw()
-        ours()
-    loop = next(o for o in gc.get_objects() if type(o) is DraftLoop and id(o) not in before and o._replays)
-    raw_graph = raw.__closure__[raw.__code__.co_freevars.index("state")].cell_contents.get("graph")
-    return {"mtp: draftfuse's recording": loop._replays[0].recorder.graph.replay, "mtp: the raw runner's graph": raw_graph.replay}
 
 
 if __name__ == "__main__":
