@@ -5,7 +5,7 @@ holds (and of all of them in turn), captured on one stream, replay in 4-6 µs. O
 graphs are a straight line of nodes, and a graph whose nodes branch (several roots, a node with several
 parents or children: work captured on more than one stream) may be launched differently by the driver.
 This probe dumps each workload's graphs (draftfuse's main recording and the raw runner's) with
-cudaGraphDebugDotPrint (every graph of this process keeps its cudaGraph_t for it), counts
+CUDAGraph.debug_dump (cudaGraphDebugDotPrint; every graph of this process keeps its cudaGraph_t for it), counts
 their nodes by kind and their edges, roots and branching nodes, and times graph.replay() alone the way
 notes/host_breakdown.py does (host µs per call with the GPU kept busy).
 
@@ -44,21 +44,6 @@ if _init is not object.__init__:  # a pybind __init__ (torch 2.11) re-initialise
     torch.cuda.CUDAGraph.__init__ = lambda self, keep_graph=False: _init(self, True)
 
 
-def _dot_print(handle: int, path: Path) -> None:
-    import ctypes
-    import glob
-
-    names = glob.glob(os.path.join(os.path.dirname(torch.__file__), "..", "nvidia", "*", "lib", "libcudart.so*")) + ["libcudart.so"]
-    for name in names:
-        try:
-            runtime = ctypes.CDLL(name)
-            break
-        except OSError:
-            continue
-    error = runtime.cudaGraphDebugDotPrint(ctypes.c_void_p(handle), str(path).encode(), ctypes.c_uint(1))  # verbose
-    print("cudaGraphDebugDotPrint:", error, name, flush=True)
-
-
 def shape(dot: str) -> dict:
     """Nodes by kind, edges, roots, and nodes with more than one parent or child, from a DOT dump."""
     nodes = {m.group(1): m.group(2) for m in re.finditer(r'"(graph_\d+_node_\d+)"\[[^\[]*?label="\{(\w+)', dot)}
@@ -84,9 +69,7 @@ def probe(name: str, batch: int, out: Path) -> dict:
     for which, graph in (("draftfuse", recorder.graph), ("raw runner", raw_graph)):
         path = out / f"{name}_b{batch}_{which.replace(' ', '_')}.dot"
         graph.enable_debug_mode()
-        graph.debug_dump(str(path))
-        if not path.exists():  # torch printed nothing: the runtime's own call on the kept graph
-            _dot_print(graph.raw_cuda_graph(), path)
+        graph.debug_dump(str(path))  # cudaGraphDebugDotPrint on the kept graph
         row[f"{which} graph"] = shape(path.read_text()) if path.exists() else "no dump"
     row["draftfuse replay alone"] = host_us(recorder.graph.replay, torch.device("cuda"))
     row["raw runner replay alone"] = host_us(raw_graph.replay, torch.device("cuda"))
