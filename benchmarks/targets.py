@@ -74,9 +74,9 @@ REASONS: dict[tuple[str, str | None], str] = {
         "3.6); at batch 1 the merge's filter rebuilds y from each candidate (1.05 at bf16 vocab 32000 k = 8 and 16; "
         "a filter in u measured no better side by side, notes/kernels.md). k = 1: one loop per sign of s (191-193 "
         "instructions a tile against 178-179); bf16 vocab 32000 batch 1: 0.18 µs (1.04 in the run before). "
-        "float32 scaled takes ~0.65 µs more on the grids of 2-tile programs at 15.5 a SM (vocab 32000 batch 64, "
-        "262144 batch 8: 1.13 side by side too; 12 programs a SM took the scaled call 0.95x and the unscaled "
-        "1.05-1.11x) and 1.06-1.12 at batch 256, cause not found"
+        "float32 k = 1 scaled takes ~0.65 µs more on the grids of 2-tile programs at 15.5 a SM (vocab 32000 batch "
+        "64, 262144 batch 8: 1.13 side by side too; 12 programs a SM took the scaled call 0.95x and the unscaled "
+        "1.05-1.11x, a 72-register budget 1.04-1.11x), cause not found"
     ),
     ("tp_speedup", None): "not measured: the 2-GPU machine stopped being lent after this session's first call",
     ("tp_batch1", None): "not measured: the 2-GPU machine stopped being lent after this session's first call",
