@@ -75,7 +75,7 @@ _CANDIDATES = 256  # k > 1: a row's room for candidates (a power of two >= 32)
 # scaled): the tiling and grids measured fastest (notes/kernels.md, wave 2; 1024-element tiles were
 # within 5% for bf16 k = 1 unscaled, 7-27% slower for k > 1; float32 k = 4 scaled ran at 21 per SM).
 # float32 k = 1 with a scale: 21, as without one (H200, side by side against 16: 0.90-0.96x at batch 256 and
-# vocab >= 128256, 0.97-1.01x at batch 32-64; the grids differ only where the tiles do not bound them).
+# vocab >= 128256, 0.97-1.00x at batch 32-64; the grids differ only where the tiles do not bound them).
 _BLOCK = 512
 _PROGRAMS_PER_SM = {
     (2, True, False): 24, (2, True, True): 24, (2, False, False): 16, (2, False, True): 16,
