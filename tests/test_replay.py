@@ -635,6 +635,59 @@ def test_an_attribute_returned_as_found_is_the_call_s_own():
         assert compiled(x, state, _Bias(n))[1] == n
 
 
+@_wrapped
+def _returns_its_default(hidden, tag=1000.5):
+    return torch.softmax(hidden, -1).argmax(-1), tag  # tag only returned: no guard holds it
+
+
+class _Sub:
+    def __init__(self) -> None:
+        self.sub = [torch.ones(3), 3]
+
+
+def _returns_an_attribute_list(x, state):
+    return x + state.sub[0], state.sub  # the list read on the way to a graph input, then returned
+
+
+def test_a_value_read_from_a_closure_default_or_attribute_is_the_call_s_own():
+    """Dynamo's code reads fn.__defaults__[0] (through the decorator's closure) and state.sub anew on each
+    call to return them, and no guard holds their values: a replay would return the recorded call's. Such a
+    draft stays on the Dynamo path (it says so), and returns what eager returns."""
+    hidden, x, state = torch.randn(2, 8), torch.randn(3), _Sub()
+    saved = _returns_its_default.__wrapped__.__defaults__
+    try:
+        compiled = draftfuse.draft_loop(_returns_its_default)
+        with pytest.warns(UserWarning, match="no guard holds"):
+            for _ in range(3):
+                compiled(hidden)
+        _returns_its_default.__wrapped__.__defaults__ = (2000.5,)
+        assert compiled(hidden)[1] == 2000.5 and not compiled._replays
+    finally:
+        _returns_its_default.__wrapped__.__defaults__ = saved
+    compiled = draftfuse.draft_loop(_returns_an_attribute_list)
+    with pytest.warns(UserWarning, match=r"state'\]\.sub that is no graph input's source and that no guard holds"):
+        for _ in range(3):
+            compiled(x, state)
+    state.sub[1] = 4
+    assert compiled(x, state)[1] == [state.sub[0], 4] and not compiled._replays
+
+
+def _scaled_by_its_default(hidden, scale=2.0):
+    return torch.tanh(hidden * scale), scale  # scale used: a guard holds it
+
+
+def test_a_returned_default_that_a_guard_holds_still_replays():
+    compiled = draftfuse.draft_loop(_wrapped(_scaled_by_its_default))
+    hidden = torch.randn(2, 8)
+    for _ in range(3):
+        compiled(hidden)
+    assert compiled._replays
+    calls = recorder_calls(compiled)
+    out, scale = compiled(hidden)
+    assert recorder_calls(compiled) == calls and scale == 2.0
+    torch.testing.assert_close(out, torch.tanh(hidden * 2.0))
+
+
 def _aliased_outputs(hidden, w):
     logits = torch.tanh(hidden @ w)
     return logits, logits[:, :4], hidden, hidden  # a view of an output, and one tensor twice

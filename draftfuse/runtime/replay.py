@@ -63,12 +63,15 @@ def warn_no_fast_replay(why: str) -> None:
     warnings.warn(f"draftfuse: no fast replay for this draft: {why}; its calls go through Dynamo (correct, slower on the host)", stacklevel=level)
 
 
-def _impure_instruction(code: Any, fetched: set[str]) -> str:
+def _impure_instruction(code: Any, fetched: set[str], pinned: Callable[[str], bool]) -> str:
     """What in Dynamo's code for a frame does more than fetch the graph's inputs (`fetched`: their sources,
     such as L['head']._modules['proj']._parameters['weight']), call the compiled graph and build the return
     value ("" if nothing): a store, or a load of anything else (which it could call, or return as it finds
-    it then). An attribute read off an argument must lie on the way to a graph input's source: Dynamo reads
-    meta.n anew on each call to return it, which a Replay would return as the recorded call's."""
+    it then). An attribute read off an argument must lie on the way to a graph input's source, and a read
+    that stops short of one (or goes through a function's closure or defaults) must be a value that a guard
+    holds (`pinned`): Dynamo reads meta.n, state.sub or fn.__defaults__[0] anew on each call to return it,
+    which a Replay would return as the recorded call's. Reads of an argument by subscripts alone are left
+    to the return value's template (argument_paths: the call's own values)."""
     chain = None  # the source that the value on top of the stack was read from, while it is an argument's
     instructions = list(dis.get_instructions(code))
     count = code.co_argcount + code.co_kwonlyargcount + bool(code.co_flags & inspect.CO_VARARGS) + bool(code.co_flags & inspect.CO_VARKEYWORDS)
@@ -83,11 +86,10 @@ def _impure_instruction(code: Any, fetched: set[str]) -> str:
             return f"a side effect ({op} {arg})"
         if op in ("STORE_DEREF", "DELETE_DEREF") and arg in code.co_freevars:
             return f"a side effect ({op} {arg}: a variable of an enclosing function)"
-        if op in ("LOAD_FAST", "LOAD_DEREF") and arg in arguments:
-            chain = f"L[{arg!r}]"
+        if chain is not None and op == "LOAD_CONST" and i + 1 < len(instructions) and instructions[i + 1].opname == "BINARY_SUBSCR":
+            chain += f"[{arg!r}]"
             continue
-        if op == "LOAD_FAST" and arg in held:  # a temporary Dynamo keeps a read in (COPY 1, STORE_FAST tmp_3)
-            chain = held[arg]
+        if chain is not None and op == "BINARY_SUBSCR":
             continue
         if chain is not None and op == "COPY" and arg == 1:
             copied = chain
@@ -95,22 +97,34 @@ def _impure_instruction(code: Any, fetched: set[str]) -> str:
         if op == "STORE_FAST" and copied is not None:
             held[arg], chain, copied = copied, copied, None
             continue
-        if chain is not None and op == "LOAD_CONST" and i + 1 < len(instructions) and instructions[i + 1].opname == "BINARY_SUBSCR":
-            chain += f"[{arg!r}]"
-            continue
-        if chain is not None and op == "BINARY_SUBSCR":
-            continue
-        if chain is not None and op in ("LOAD_ATTR", "LOAD_METHOD") and arg not in _FUNCTION_READS:
+        if chain is not None and op in ("LOAD_ATTR", "LOAD_METHOD"):
             chain += f".{arg}"
-            if not any(source == chain or source.startswith((chain + ".", chain + "[")) for source in fetched):
+            if arg not in _FUNCTION_READS and not any(source == chain or source.startswith((chain + ".", chain + "[")) for source in fetched):
                 return f"a read of {chain} that is no graph input's source (returned as it is found then)"
             continue
+        if chain is not None and (why := _unsettled(chain, fetched, pinned)):  # the read ends here: its value is used
+            return why
         chain = copied = None
+        if op in ("LOAD_FAST", "LOAD_DEREF") and arg in arguments:
+            chain = f"L[{arg!r}]"
+            continue
+        if op == "LOAD_FAST" and arg in held:  # a temporary Dynamo keeps a read in (COPY 1, STORE_FAST tmp_3)
+            chain = held[arg]
+            continue
         if op in ("LOAD_GLOBAL", "LOAD_NAME", "LOAD_ATTR", "LOAD_METHOD"):
             name = str(arg)
-            if not (name.startswith(_ALLOWED_NAMES) or op == "LOAD_ATTR" and name in _FUNCTION_READS):
+            if not name.startswith(_ALLOWED_NAMES):
                 return f"a load of {name!r} ({op}: a global, or an attribute that is no graph input)"
-    return ""
+    return _unsettled(chain, fetched, pinned) if chain is not None else ""
+
+
+def _unsettled(chain: str, fetched: set[str], pinned: Callable[[str], bool]) -> str:
+    """Why the value read from `chain` may not be taken as the recorded call's ("" if it may): a graph input,
+    an argument or a subscript of one (the template's argument paths), or a value a guard holds."""
+    steps = chain[re.match(r"L\[[^\]]*\]", chain).end():]
+    if chain in fetched or not re.search(r"\.(?![^\[]*\])", steps) or pinned(chain):
+        return ""
+    return f"a read of {chain} that is no graph input's source and that no guard holds (returned as it is found then)"
 
 
 def _guard_nodes(root: Any) -> dict[str, Any]:
@@ -135,7 +149,11 @@ def _source(path: tuple) -> str:
 
 def _pinned(nodes: dict[str, Any], path: tuple) -> bool:
     """Whether a guard of the tree holds the argument at `path` to its value (or its identity)."""
-    node = nodes.get(_source(path))
+    return _holds_value(nodes.get(_source(path)))
+
+
+def _holds_value(node: Any) -> bool:
+    """Whether a guard node (or None) holds its source to a value (or an identity)."""
     return node is not None and any(type(g).__name__ in _VALUE_GUARDS for g in node.get_leaf_guards())
 
 
@@ -209,11 +227,11 @@ class Replay:
 
     @classmethod
     def build(cls, entry: Any, recorder: GraphRecorder, placeholders: list[Any], f_locals: dict[str, Any], output: Any) -> Replay | None:
-        why = cls._unsound(entry, recorder, placeholders)
+        nodes = _guard_nodes(entry.guard_manager.root)
+        why = cls._unsound(entry, recorder, placeholders, nodes)
         if why:
             warn_no_fast_replay(why)
             return None
-        nodes = _guard_nodes(entry.guard_manager.root)
         scope = {"L": f_locals}
         held, statics = [], []
         for index, (placeholder, value, static) in enumerate(zip(placeholders, recorder.last_call_inputs, recorder.static)):
@@ -244,9 +262,9 @@ class Replay:
         return cls(entry.guard_manager, recorder, fetchers, held, template, statics)
 
     @staticmethod
-    def _unsound(entry: Any, recorder: GraphRecorder, placeholders: list[Any]) -> str:
+    def _unsound(entry: Any, recorder: GraphRecorder, placeholders: list[Any], nodes: dict[str, Any]) -> str:
         fetched = {source_name(p._dynamo_source) for p in placeholders}
-        if impure := _impure_instruction(entry.code, fetched):
+        if impure := _impure_instruction(entry.code, fetched, lambda source: _holds_value(nodes.get(source))):
             return f"Dynamo's code for the draft does more than call the graph: {impure}"
         if len(placeholders) != len(recorder.inputs) or len(recorder.last_call_inputs) != len(placeholders):
             return "the graph's inputs are not the recorded ones"
