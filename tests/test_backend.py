@@ -313,6 +313,28 @@ def test_integer_logits_under_a_negative_temperature_tensor_select_eagers_token(
         assert torch.equal(got, draft(x, t)), (t, got)
 
 
+def test_a_one_value_temperature_that_adds_dims_is_not_a_kernel_scale():
+    """t of shape [1, 1, 1] broadcasts [5, 7] logits to [1, 5, 7]: the softmax's dim 1 is then the rows of
+    the logits, which the kernels (reducing the logits' last dim) would not select over; the torch form
+    selects as eager does (the kernels picked the wrong tokens, in a [5, 2] result for eager's [1, 2, 7])."""
+
+    def topk(x, t):
+        return torch.softmax(x / t, dim=1).topk(2, dim=1)
+
+    def argmax(x, t):
+        return torch.softmax(x / t, dim=1).argmax(1).flatten()
+
+    t = torch.full((1, 1, 1), 0.7)
+    for draft, x in ((topk, torch.randn(5, 7)), (argmax, torch.randn(7, 7))):
+        torch._dynamo.reset()
+        backend_ = backend.Backend(Options.parse(None, {"lowering": "kernels"}))
+        got = torch.compile(draft, backend=backend_, fullgraph=True)(x, t)
+        want = draft(x, t)
+        assert torch.equal(got[1] if draft is topk else got, want[1] if draft is topk else want)
+        reports = [str(r) for c in backend_.compiles for r in c.reports]
+        assert any("not one value per row of the logits" in r for r in reports), reports
+
+
 def test_probs_ones_under_dynamic_shapes_is_reported_as_emitted():
     """probs="ones" needs static shapes at the ATen level: with dynamic shapes the exact values are
     emitted, and the rewrite's report says so (it said 'probabilities 1' and computed them)."""

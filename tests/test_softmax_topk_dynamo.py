@@ -551,6 +551,15 @@ class TensorTemperatures(TestCase):
         for lowering in ("torch", "kernels"):  # the kernels' scale operand (their torch reference on a CPU)
             self.check(f, X, t, lowering=lowering)
 
+    def test_temperature_tensor_first_in_the_product(self):
+        # s * x and torch.mul(s, x) with s of one value per row: the same scaling as x * s (refused before, as
+        # if x were the factor, "varies along the softmax dim")
+        s = torch.tensor([[0.5], [-1.0], [2.0], [-0.25]])
+        for f in (lambda x, t: torch.softmax(t * x, -1).topk(3), lambda x, t: torch.softmax(torch.mul(t, x), -1).topk(3),
+                  lambda x, t: torch.softmax((1.0 / t) * x, -1).topk(3)):
+            for lowering in ("torch", "kernels"):
+                self.check(f, X, s, lowering=lowering)
+
     def test_scalar_temperature_multiplied(self):
         def f(x, t):
             return torch.softmax(x.float() * t, -1).max(-1)

@@ -113,8 +113,8 @@ def as_scale(node: Node) -> tuple[Node, Any] | None:
     if key not in _SCALES or len(node.args) != 2 or node.kwargs:
         return None  # rounding_mode= and friends are not scalings
     tensor, other = node.args
-    if key in _COMMUTATIVE and not isinstance(tensor, Node):
-        tensor, other = other, tensor  # 2.0 * x
+    if key in _COMMUTATIVE and (not isinstance(tensor, Node) or _broadcast_onto(tensor, other, node)):
+        tensor, other = other, tensor  # 2.0 * x, or s * x: the factor is the one the product broadcasts
     if not isinstance(tensor, Node):
         return None  # c / x is not a scaling of x
     if isinstance(other, Node):
@@ -122,6 +122,12 @@ def as_scale(node: Node) -> tuple[Node, Any] | None:
     if isinstance(other, (int, float)) and not isinstance(other, bool):
         return tensor, _SCALES[key](float(other))
     return None
+
+
+def _broadcast_onto(first: Node, second: Any, product: Node) -> bool:
+    """Whether `first` is broadcast onto `second` (a Node of the product's shape, which `first` lacks)."""
+    a, b, out = fake_tensor(first), fake_tensor(second) if isinstance(second, Node) else None, fake_tensor(product)
+    return a is not None and b is not None and out is not None and a.shape != out.shape and b.shape == out.shape
 
 
 @dataclasses.dataclass

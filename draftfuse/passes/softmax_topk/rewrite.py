@@ -81,8 +81,11 @@ def _values(m: Match, parts: SoftmaxParts, index_keepdim: Node, ones: bool, dim_
 
 def _scale_rows_shape(m: Match) -> str | None:
     """How the tensor temperature becomes the kernels' per-row scale: "rows" (one per row, the dim
-    kept: squeeze it), "one" (a single value: reshape to 0-d), or None (another broadcast)."""
+    kept: squeeze it), "one" (a single value: reshape to 0-d), or None (another broadcast, or one that
+    adds dims to the logits: the softmax's dim then counts in a shape the kernels never see)."""
     logits, t = fake_tensor(m.logits), fake_tensor(m.tensor_scale.node)
+    if t.dim() > logits.dim():
+        return None
     if t.numel() == 1:
         return "one"
     if t.dim() == logits.dim() and list(t.shape[:-1]) == list(logits.shape[:-1]) and t.shape[-1] == 1:
@@ -98,7 +101,7 @@ def _kernel_choice(m: Match, wants_values: bool, lowering: str) -> tuple[bool, s
     reasons = [
         (m.dim != logits.dim() - 1, "the kernels reduce the last dim"),
         (_needs_grad(m), "the probabilities require grad (the kernels have no backward)"),
-        (m.tensor_scale is not None and _scale_rows_shape(m) is None, "the temperature is not one value per row"),
+        (m.tensor_scale is not None and _scale_rows_shape(m) is None, "the temperature is not one value per row of the logits"),
         # the kernels' probabilities are softmax(x * scale): a constant temperature is not passed to them
         (wants_values and m.factor != 1.0, "values under a constant temperature"),
         (wants_values and m.prob_dtype == torch.float64, "the kernels' probabilities are float32"),
