@@ -7,7 +7,7 @@ logits that avoid the README's documented difference cases by construction (no N
 ties, no rounding ties: see the module docstring of tests/fuzz/selection.py). Each oracle is a test:
 
   * Dynamo level: rewrite_softmax_topk on the Dynamo graph vs eager (and, for the forms the README
-    lists as rewritten, that the rewrite happens);
+    lists as rewritten, that the rewrite happens), with the torch lowering and with the kernels';
   * ATen level: the pass on Inductor's own pre-post-grad graph (compile_fx with a recording inner
     compile: no C++ compile), rewritten vs unrewritten;
   * hand-written decomposed softmax forms (make_fx), including wrong ones that must not match;
@@ -31,6 +31,8 @@ needs_pipeline = pytest.mark.skipif(not pipeline_available(), reason="this draft
 RUNS = {
     "dynamo": hyp.Run(PROGRAMS, selection.check_dynamo, ci=200, slow=2000),
     "expect": hyp.Run(PROGRAMS, selection.check_dynamo, ci=100, options={"expect_rewrites": True}),  # the README's forms are rewritten
+    # lowering="kernels" (CUDA's default): draftfuse's ops, their torch reference on a CPU
+    "kernels": hyp.Run(PROGRAMS, selection.check_dynamo, ci=100, slow=2000, options={"lowering": "kernels"}),
     "aten": hyp.Run(PROGRAMS, selection.check_aten, ci=60, slow=2000),
     "handwritten": hyp.Run(HANDWRITTEN, selection.check_handwritten, ci=250, slow=2000),
     "pipeline": hyp.Run(PROGRAMS, selection.check_pipeline, ci=40, slow=2000, shrink=False, marks=(needs_pipeline,)),

@@ -33,7 +33,8 @@ def _table(module):
     selection = seed_fold = module
     return {
         "selection": (selection.generate, {"dynamo": selection.check_dynamo, "aten": selection.check_aten, "backend": selection.check_backend, "pipeline": selection.check_pipeline,
-                                           "expect": lambda p: selection.check_dynamo(p, expect_rewrites=True)}, selection.CaptureUnsupported),
+                                           "expect": lambda p: selection.check_dynamo(p, expect_rewrites=True),
+                                           "kernels": lambda p: selection.check_dynamo(p, lowering="kernels")}, selection.CaptureUnsupported),
         "handwritten": (selection.generate_handwritten, {"handwritten": selection.check_handwritten}, selection.CaptureUnsupported),
     } if hasattr(module, "check_dynamo") else {
         "seed_fold": (seed_fold.generate, {"pass": seed_fold.check_pass, "pipeline": seed_fold.check_pipeline, "fold": seed_fold.check_fold}, seed_fold.CaptureUnsupported),

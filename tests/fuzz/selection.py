@@ -10,7 +10,8 @@ What is generated (`generate(chooser)` -> `SelectionProgram`, a function as sour
     s = views / casts / temperature    .t(), .transpose, .view, [:, :]; .float(), .to(dtype), .half(),
                                        .bfloat16(), .double(); s / c, c * s, s.div(c), torch.mul(s, c)
                                        with c a positive or negative Python constant, s / t[:, None]
-                                       (per-row tensor, signs mixed), s / t (0-d tensor); t may require
+                                       (per-row tensor, signs mixed; t * s too), s / t (t one value of
+                                       rank 0 to rank(s) + 1: broadcasting s up a dim); t may require
                                        grad (then the gradients of the outputs are compared too)
     [writes to x]                      (the logits change after s was read: s may alias x, or not)
     probs = softmax spelled any way    torch.softmax / F.softmax(dtype=) / Tensor.softmax /
@@ -713,17 +714,22 @@ def _temperature(b: _Builder, s: str, step: tuple[str, float], kind: str) -> str
         t = (torch.tensor(signs, dtype=F64) * value).reshape(t_shape)
         name = b.arg("t", _maybe_requiring_grad(b, t.to(F32)))
         broadcast = f"{name}[:, None]" if rank == 2 and dim == 1 and c.flag(0.5) else f"{name}.unsqueeze({dim})"
-        expr = f"{s} / {broadcast}" if op == "div" else f"{s} * {broadcast}"
+        expr = f"{s} / {broadcast}" if op == "div" else c.pick([f"{s} * {broadcast}", f"{broadcast} * {s}", f"torch.mul({broadcast}, {s})"])
         factor = t.unsqueeze(dim)
         other = torch.empty(t_shape, dtype=F32).unsqueeze(dim)
         if any(sg < 0 for sg in signs):
             b.tag("temperature=negative-row")
     elif kind == "scalar":
         sign = -1.0 if c.flag(0.3) else 1.0
-        name = b.arg("t", _maybe_requiring_grad(b, torch.tensor(sign * value, dtype=F32)))
-        expr = f"{s} / {name}" if op == "div" else f"{name} * {s}"
-        factor = torch.tensor(sign * value, dtype=F64)
-        other = torch.empty((), dtype=F32)
+        # one value, of any rank: [1] * rank + 1 broadcasts the logits up a dim (the softmax's dim then
+        # counts in the broadcast shape)
+        shape = [1] * c.pick([0, 0, 1, m.v.dim(), m.v.dim() + 1])
+        if len(shape) > m.v.dim():
+            b.tag("temperature adds a dim")
+        name = b.arg("t", _maybe_requiring_grad(b, torch.tensor(sign * value, dtype=F32).reshape(shape)))
+        expr = f"{s} / {name}" if op == "div" else c.pick([f"{name} * {s}", f"{s} * {name}"])
+        factor = torch.tensor(sign * value, dtype=F64).reshape(shape)
+        other = torch.empty(shape, dtype=F32)
     else:
         spell = {
             "div": f"{s} / {value!r}", "mul": f"{s} * {value!r}", "rmul": f"{value!r} * {s}",
