@@ -1182,8 +1182,8 @@ def check_aten(program: SelectionProgram, **pass_options) -> Any:
     for which in ("base", "new"):
         box["which"] = which
         inputs = program.inputs()
-        try:
-            with quiet():
+        try:  # no compile cache: a hit (another run's program of the same graph) skips the inner compile
+            with quiet(), torch._inductor.config.patch(fx_graph_cache=False), torch._functorch.config.patch(enable_autograd_cache=False):
                 runs[which] = (compiled(*inputs), inputs)
         except (torch._dynamo.exc.Unsupported, torch._dynamo.exc.UserError) as error:
             raise CaptureUnsupported(describe_exception(error)) from error
