@@ -22,7 +22,8 @@ graph (no attribute, item or enclosing-variable stores, no other calls: a side e
 every non-static graph input must be found from the call's arguments by its Dynamo source, and every
 returned value must be a graph output, an argument, a tensor the graph reads (fetched by its source), or
 a Python constant the guards pin (one passed through from an argument, at any depth of its tuples, lists
-and dicts, that no guard holds is not: Dynamo returns it as it comes). Its guards are those of the cache
+and dicts, that no guard holds is not: Dynamo returns it as it comes; nor is one Dynamo's code reads anew
+through an attribute or a function's defaults or closure). Its guards are those of the cache
 entry that ran (the one whose guards passed before the call, or the one it compiled), which must pass
 after the call too (draft_loop.py). Anything else keeps the draft on the Dynamo path, which is always
 correct. When any guard fails, the call takes the Dynamo path, which
@@ -52,7 +53,8 @@ _VALUE_GUARDS = {"EQUALS_MATCH", "ID_MATCH", "NONE_MATCH", "TRUE_MATCH", "FALSE_
 _SIDE_EFFECT_OPS = {"STORE_ATTR", "STORE_SUBSCR", "STORE_GLOBAL", "DELETE_ATTR", "DELETE_SUBSCR", "DELETE_GLOBAL", "IMPORT_NAME"}
 _ALLOWED_NAMES = ("__compiled_fn", "__import_torch_dot__dynamo_dot_utils", "record_pregraph_bytecode_enter", "record_pregraph_bytecode_exit")
 # attributes Dynamo's code reads to rebuild a returned constant from where the draft found it (a default
-# of a function inside a decorator's closure: fn.__closure__[1].cell_contents.__defaults__[0]); reads only
+# of a function inside a decorator's closure: fn.__closure__[1].cell_contents.__defaults__[0]); reads only,
+# and a value read through them must be one a guard holds (_unsettled)
 _FUNCTION_READS = {"__closure__", "cell_contents", "__defaults__", "__kwdefaults__"}
 
 
