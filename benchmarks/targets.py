@@ -65,15 +65,18 @@ REASONS: dict[tuple[str, str | None], str] = {
         "program's rank) 1.2-1.8 µs at k = 4 and 1.5-5.4 at k = 16, the floor's read 0.1-1.0, publishing to "
         "the slots 0-1.0, the rest (128 chunks a row, the tile-wise pass 1) 1.2-2.0; ranking in place of a "
         "sort round took a median 0.90x, a record as long as the chunk (121-128 registers, was 165-168) 0.95x, "
-        "two candidates a lane ranked (no merge round) a median 0.98x at k = 16 (0.79-1.03) (notes/kernels.md)"
+        "two candidates a lane ranked (no merge round) a median 0.98x at k = 16 (0.79-1.03); each lane's own "
+        "softmax state in pass 1 (landed) a median 0.98x (0.94-1.01) (notes/kernels.md)"
     ),
     ("sel_speedup", None): "the same fixed latency: at batch <= 64 softmax+topk is 56-422 µs, draftfuse 5.2-30 µs",
     ("baseline", None): "no drift reference: the hand edit was not measured in both runs",
     ("temp_speed", None): (
-        "k > 1: pass 1's y = x * s, 16 FMUL a tile (198 SASS instructions against 190-192 for bf16 on sm_90, Triton "
-        "3.6); at batch 1 the merge's filter rebuilds y from each candidate (1.05 at bf16 vocab 32000 k = 8 and 16; "
-        "a filter in u measured no better side by side, notes/kernels.md). k = 1: one loop per sign of s (191-193 "
-        "instructions a tile against 178-179); bf16 vocab 32000 batch 1: 0.18 µs (1.04 in the run before). "
+        "k > 1: pass 1's y = x * s, 16 FMUL a tile (182 SASS instructions against 166 for bf16 on sm_90, Triton "
+        "3.6, since each lane keeps its own softmax state, which took the unscaled call a median 0.982x and the "
+        "scaled one 0.987x: bf16 points at 1.02-1.05 moved to 1.05-1.06); at batch 1 the merge's filter rebuilds y "
+        "from each candidate (a filter in u measured no better side by side, notes/kernels.md). k = 1: one loop "
+        "per sign of s (191-193 instructions a tile against 178-179); bf16 batch 256: 1.05-1.09 here, 1.03-1.04 "
+        "in the run before (the same kernel; its unscaled call 0.95x of that run's at vocab 262144). "
         "float32 k = 1 scaled takes ~0.65 µs more on the grids of 2-tile programs at 15.5 a SM (vocab 32000 batch "
         "64, 262144 batch 8: 1.13 side by side too; 12 programs a SM took the scaled call 0.95x and the unscaled "
         "1.05-1.11x, a 72-register budget 1.04-1.11x), cause not found"

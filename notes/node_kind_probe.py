@@ -75,6 +75,7 @@ def main() -> None:
     # frozen cache of 2048 keys, a boolean mask; on the H200 its graph runs cuDNN's sm90 flash kernel there
     q_mtp, kv_mtp = torch.randn(1, 8, 4, 128, **bf), torch.randn(1, 8, 2048, 128, **bf)
     mask_mtp = (torch.arange(2048, device=device) < 1024)[None, None, None, :]
+    bias_mtp = torch.zeros(mask_mtp.shape, **bf).masked_fill_(~mask_mtp, float("-inf"))
     distinct = [torch.compile(lambda t, c=c: (t * c + 1).relu_(), dynamic=False) for c in range(2, 10)]
     turn = [0]
 
@@ -96,6 +97,11 @@ def main() -> None:
         "linear bf16 [1, 4096] x [1024, 4096] (split-K?)": lambda: F.linear(a4k, w_tall),
         "8 Inductor kernels in turn": in_turn([lambda f=f: f(x) for f in distinct]),
         "MTP's masked sdpa bf16, 8 x 4 queries, 2048 keys": lambda: F.scaled_dot_product_attention(q_mtp, kv_mtp, kv_mtp, attn_mask=mask_mtp),
+        # taken apart: the attention with its mask already additive (no conversion kernels), without a mask,
+        # and the conversion's kernels alone (the bool mask to a bf16 bias)
+        "MTP's sdpa, additive bf16 mask": lambda: F.scaled_dot_product_attention(q_mtp, kv_mtp, kv_mtp, attn_mask=bias_mtp),
+        "MTP's sdpa, no mask": lambda: F.scaled_dot_product_attention(q_mtp, kv_mtp, kv_mtp),
+        "MTP's mask to a bias alone": lambda: torch.zeros_like(mask_mtp, dtype=torch.bfloat16).masked_fill_(~mask_mtp, float("-inf")),
     }
     if args.only:
         ops = {name: op for name, op in ops.items() if any(s in name for s in args.only)}

@@ -12,8 +12,8 @@ are in y, whose order is u's but for ties; pass 2 compares u with its floor move
 With an infinite s (a temperature of 0) y is NaN where x = 0, out of u's order, so a k > 1 program runs
 on y = u there, and the row's probabilities (NaN in any softmax of y) are made NaN.
 
-Pass 1 (every program) streams its chunk tile by tile: the running max m and sum of exp(y - m)
-(online softmax), and each lane's max of y is published (atomic max, only when it grew) to 32 slots
+Pass 1 (every program) streams its chunk tile by tile: each lane's running max m and sum of exp(y - m)
+(online softmax, the lanes combined once after the loop, so that no tile waits on a warp reduction), and each lane's max of y is published (atomic max, only when it grew) to 32 slots
 per row shared by all programs of the row, and each tile's max key is kept in registers. Every slot
 holds a value of a distinct element (or -inf, from masked tail lanes), so the k-th largest slot bounds
 the row's k-th largest value from below: elements under it can't be in the top k. A slot is the max
@@ -190,28 +190,28 @@ def _tile_y(x, valid, s, MASKED: tl.constexpr, HAS_SCALE: tl.constexpr):
 
 @triton.jit
 def _stream_tile(
-    x, valid, t, s, row_max, row_sum, tile_keys, own, slots_ptr, publish,
+    x, valid, t, s, m, lane_sum, tile_keys, own, slots_ptr, publish,
     MASKED: tl.constexpr, HAS_SCALE: tl.constexpr, GPU: tl.constexpr, RECORD: tl.constexpr,
 ):
-    """Pass 1 of k > 1 for one tile: the online softmax's (max, sum), the tile's max key, each lane's max
-    published to the row's slots where it grew."""
+    """Pass 1 of k > 1 for one tile: every lane's online softmax (m, sum) over its own elements (no warp
+    reduction on the way to the sum), the tile's max key (one warp max of the lanes' keys, which nothing in
+    the loop waits on), each lane's max published to the row's slots where it grew."""
     y = _tile_y(x, valid, s, MASKED, HAS_SCALE)
     lane_max = _lane_max(y)
-    tile_max = tl.max(lane_max, 0)
-    new_max = tl.where(tile_max > row_max, tile_max, row_max)  # never NaN: NaN compares false
-    # while every element seen is -inf, shift by 0 so -inf contributes exp(-inf) = 0, not NaN
-    shift = tl.where(new_max == float("-inf"), 0.0, new_max)
-    tile_sum = tl.sum(tl.sum(tl.sum(_exp2((y - shift) * _LOG2E, GPU), 2), 1), 0)
-    row_sum = row_sum * tl.exp2((row_max - shift) * _LOG2E) + tile_sum
-    # NaN in the tile (or +inf - +inf): it shows in the sum even where tl.max skips NaN (on the GPU)
-    special = tile_sum != tile_sum
-    tile_keys = tl.where(tl.arange(0, RECORD) == t, tl.where(special, _NAN_KEY, _order_key(tile_max)), tile_keys)
+    new_m = tl.where(lane_max > m, lane_max, m)  # never NaN: NaN compares false
+    # a lane whose elements are all -inf so far shifts by 0, so that they add exp(-inf) = 0, not NaN
+    shift = tl.where(new_m == float("-inf"), 0.0, new_m)
+    tile_sum = tl.sum(tl.sum(_exp2((y - shift[:, None, None]) * _LOG2E, GPU), 2), 1)
+    lane_sum = lane_sum * tl.exp2((m - shift) * _LOG2E) + tile_sum
     lane_key = _order_key(lane_max)
+    # NaN in a lane's elements (or +inf - +inf): it shows in its sum even where tl.max skips NaN (on the GPU)
+    tile_key = tl.max(tl.where(tile_sum != tile_sum, _NAN_KEY, lane_key), 0)
+    tile_keys = tl.where(tl.arange(0, RECORD) == t, tile_key, tile_keys)
     grew = lane_key > own
     if publish:
         tl.atomic_max(slots_ptr + tl.arange(0, 32), lane_key, mask=grew, sem="relaxed")
     own = tl.where(grew, lane_key, own)
-    return new_max, row_sum, tile_keys, own
+    return new_m, lane_sum, tile_keys, own
 
 
 @triton.jit
@@ -271,8 +271,8 @@ def _selection_kernel(
     slots_ptr = ws_row + 32
     lanes = tl.arange(0, 32)
     publish = splits > 1
-    row_max = tl.full([], float("-inf"), tl.float32)
-    row_sum = tl.full([], 0.0, tl.float32)
+    m = tl.full([32], float("-inf"), tl.float32)
+    lane_sum = tl.zeros([32], tl.float32)
     tile_keys = tl.full([RECORD], _NO_KEY, tl.int32)
     own = tl.full([32], _NO_KEY, tl.int32)
 
@@ -285,18 +285,22 @@ def _selection_kernel(
         x = next_x.to(tl.float32)
         next_x = tl.load(row_ptr + offs + BLOCK, mask=offs + BLOCK < full_end, other=0.0)
         _prefetch_l2(row_ptr, tile, full_end, BLOCK, GPU)
-        row_max, row_sum, tile_keys, own = _stream_tile(
-            x, offs < end, (tile - start) // BLOCK, s, row_max, row_sum, tile_keys, own, slots_ptr, publish,
+        m, lane_sum, tile_keys, own = _stream_tile(
+            x, offs < end, (tile - start) // BLOCK, s, m, lane_sum, tile_keys, own, slots_ptr, publish,
             False, HAS_SCALE, GPU, RECORD,
         )
     if full_end < end:  # the ragged tail
         offs = full_end + lane_offs
         valid = offs < end
         x = tl.load(row_ptr + offs, mask=valid, other=0.0).to(tl.float32)
-        row_max, row_sum, tile_keys, own = _stream_tile(
-            x, valid, (full_end - start) // BLOCK, s, row_max, row_sum, tile_keys, own, slots_ptr, publish,
+        m, lane_sum, tile_keys, own = _stream_tile(
+            x, valid, (full_end - start) // BLOCK, s, m, lane_sum, tile_keys, own, slots_ptr, publish,
             True, HAS_SCALE, GPU, RECORD,
         )
+
+    row_max = tl.max(m, 0)
+    shift = tl.where(row_max == float("-inf"), 0.0, row_max)
+    row_sum = tl.sum(lane_sum * tl.exp2((m - shift) * _LOG2E), 0)
 
     # Pass 2: the floor from the slots, then only the tiles whose max reaches it; their elements at or above
     # it are appended to the row's candidates. The slots are read by a plain L2 load (an atomic read cost
