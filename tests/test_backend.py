@@ -297,6 +297,63 @@ def test_the_gradient_of_a_tied_maximum_goes_to_the_index_picked():
     torch.testing.assert_close(x.grad, want)
 
 
+def _under_no_grad_topk(x):
+    p = torch.softmax(x, -1)
+    with torch.no_grad():
+        values, index = p.topk(2, -1)
+    return (p * p).sum() + (values * values).sum(), values, index
+
+
+def _under_no_grad_temperature(x):
+    with torch.no_grad():
+        scaled = x / 0.5
+    values, index = torch.softmax(scaled, -1).topk(2, -1)
+    return (x * x).sum() + (values * values).sum(), values, index
+
+
+@pytest.mark.parametrize("draft", [_under_no_grad_topk, _under_no_grad_temperature], ids=["topk", "temperature"])
+def test_a_grad_mode_switch_inside_the_pattern_keeps_eagers_gradients(draft):
+    """`with torch.no_grad()` around the topk (or the temperature) puts a grad-mode switch between the
+    softmax's chain and the selection: the rewrite computed the values beside the softmax, under the
+    other grad mode, and they carried gradients where eager's carry none (the program's gradient then
+    changed). Refused now, with the reason in the report."""
+    x = torch.tensor([[0.1, 2.0, 1.0, -1.0], [3.0, 0.5, 1.2, 0.0]], requires_grad=True)
+    loss, values, index = draft(x)
+    loss.backward()
+    want, x.grad = x.grad.clone(), None
+    recording = backend.Backend()
+    got_loss, got_values, got_index = torch.compile(draft, backend=recording, fullgraph=True)(x)
+    assert torch.equal(got_index, index) and got_values.requires_grad is values.requires_grad is False
+    got_loss.backward()
+    torch.testing.assert_close(x.grad, want)
+    report = "\n".join(map(str, recording.compiles[-1].reports))
+    assert "changes torch's global state" in report, report
+
+
+@pytest.mark.parametrize("lowering", ["torch", "kernels"])
+@pytest.mark.parametrize("k", [1, 4])
+def test_values_of_probabilities_read_elsewhere_are_their_elements(k, lowering):
+    """Code that reads the probabilities besides the selection (a min-p or top-k mask, a one-hot of the
+    max) compares them with the selected values: eager's are elements of the probabilities. Recomputed
+    from the exp-sum they differed in the last bit (bf16 logits, float32 softmax), and the mask kept no
+    entry of most rows. Gathered from the probabilities now."""
+
+    def draft(logits):
+        probs = torch.softmax(logits.float(), -1)
+        values, index = probs.topk(k, -1) if k > 1 else probs.max(-1, keepdim=True)
+        return (probs >= values[..., -1:]).sum(-1), index, values
+
+    torch.manual_seed(0)
+    logits = (torch.randn(8, 4096) * 3).to(torch.bfloat16)
+    recording = backend.Backend(Options(lowering=lowering))
+    kept, index, values = torch.compile(draft, backend=recording, fullgraph=True)(logits)
+    want_kept, want_index, want_values = draft(logits)
+    assert torch.equal(index, want_index)
+    torch.testing.assert_close(values, want_values)  # the compiled softmax's own rounding
+    assert kept.tolist() == want_kept.tolist() == [k] * 8
+    assert "read elsewhere too" in "\n".join(map(str, recording.compiles[-1].reports))
+
+
 @pytest.mark.parametrize("dtype", [torch.uint8, torch.int8, torch.int32])
 def test_integer_logits_under_a_negative_temperature_tensor_select_eagers_token(dtype):
     """The order under a temperature tensor is that of x * sign(t), computed in float64 for integer

@@ -25,6 +25,11 @@ functionalizes with the aliasing it traced), and `draft_loop` checks it on every
 a draft writes.
 
 Randomness comes from the op's `nondeterministic_seeded` tag; unknown calls count as random.
+
+Global state: Dynamo records `with torch.no_grad()`, autocast, inference mode (and the other context
+managers it keeps in a graph) as calls of torch functions traced to no value (`_set_grad_enabled`,
+`_enter_autocast`, ...). The ops on either side of one run under another grad mode or dtype policy, so a
+rewrite must not compute a value on the other side of one (`Effects.state_changes`).
 """
 
 from __future__ import annotations
@@ -177,6 +182,16 @@ def defines_unbacked_symbols(node: Node) -> bool:
 ALIASES = "draftfuse_aliases"  # node meta: positions of the inputs its value is a view of, as traced
 
 
+def changes_global_state(node: Node) -> bool:
+    """A call made for its effect on torch's global state: a torch function (no ATen op, no function on
+    Python values) traced to no value. `torch._check` counts too: nothing is moved across it either."""
+    if node.op != "call_function" or "draftfuse_provenance" in node.meta or fake(node) is not None:
+        return False
+    if isinstance(node.target, (torch._ops.OpOverload, torch._ops.OpOverloadPacket)):
+        return False
+    return getattr(node.target, "__module__", None) not in _PLAIN_MODULES
+
+
 def _storages(value: Any) -> frozenset[Any] | None:
     """The storages of every tensor in a fake value; None for a value that is not recorded."""
     keys = set()
@@ -232,6 +247,7 @@ class Effects:
             self._writes[node] = writes
         self.inputs = frozenset(inputs)  # the storages of the caller's tensors
         self._nodes = list(self.order)
+        self._state_changes = [self.order[n] for n in self._nodes if changes_global_state(n)]
         # memory key -> positions of the nodes that may write it, sorted
         self._writers: dict[Any, list[int]] = {}
         for node, keys in self._writes.items():
@@ -283,6 +299,13 @@ class Effects:
             found = self._writers.get(key, [])
             positions.update(found[bisect.bisect_right(found, start) : bisect.bisect_left(found, stop)])
         return [self._nodes[p] for p in sorted(positions)]
+
+    def state_changes(self, after: Node, before: Node) -> list[Node]:
+        """The calls strictly between `after` and `before` (graph order) that change torch's global state
+        (grad mode, autocast, ...): see changes_global_state."""
+        start, stop = self.order[after], self.order[before]
+        found = self._state_changes[bisect.bisect_right(self._state_changes, start) : bisect.bisect_left(self._state_changes, stop)]
+        return [self._nodes[p] for p in found]
 
     def written_after(self, node: Node) -> bool:
         return bool(self.writers([node], node))

@@ -22,7 +22,9 @@ What is generated (`generate(chooser)` -> `SelectionProgram`, a function as sour
                                        F.leaky_relu(probs, 0.25, True));
                                        casts (.float(), .half(), ...), views; a clone of probs written
     selections                         topk (function/method, k and dim positional or keyword,
-                                       largest, sorted), max/min(dim, keepdim), argmax/argmin; one or two
+                                       largest, sorted), max/min(dim, keepdim), argmax/argmin; one or two;
+                                       under torch.no_grad() where the temperature requires grad; their
+                                       values compared with their source ((probs >= v.amin(d)).sum(d))
     return                             the selections' values and indices, and other consumers (probs,
                                        probs * 2, the clone, a view)
 
@@ -460,10 +462,10 @@ def generate(c: Chooser, disabled: frozenset[str] | None = None) -> SelectionPro
             b.tag("selects smallest")
         if plan["kind"] == "topk" and k > 1 and not plan["sorted"]:
             b.tag("topk sorted=False")
-        _select(b, source, model, sel_dim, k, plan, group, outs, returned, log)
+        no_grad = _select(b, source, model, sel_dim, k, plan, group, outs, returned, log)
         # expected rewrites: the README's forms; smallest-probability selections are left out (the README
         # lists min/argmin/largest=False, ea7481a refuses them: the smallest probabilities can underflow)
-        if plain and source == tip and sel_dim == source_dim and largest and not (plan["kind"] == "topk" and k > 1 and not plan["sorted"]):
+        if plain and not no_grad and source == tip and sel_dim == source_dim and largest and not (plan["kind"] == "topk" and k > 1 and not plan["sorted"]):
             expected += 1
     # (7) other consumers
     for name in [probs, tip, clone_name]:
@@ -872,8 +874,15 @@ def _write_probs(b: _Builder, target: str, sels: list[dict], log: bool, tag: str
     b.tag(f"{tag} (zeros)")
 
 
-def _select(b: _Builder, source: str, model: Model, dim: int, k: int, plan: dict, group: int, outs: list, returned: list, log: bool) -> None:
+def _select(b: _Builder, source: str, model: Model, dim: int, k: int, plan: dict, group: int, outs: list, returned: list, log: bool) -> bool:
+    """Emit one selection (and maybe a consumer comparing its values with its source); whether it runs
+    under torch.no_grad() (where an input requires grad: then its values do not)."""
     c = b.c
+    no_grad = b.grad and c.flag(0.3)
+    if no_grad:
+        b.tag("selection under no_grad")
+        b.emit("with torch.no_grad():")
+    emit = (lambda line: b.emit("    " + line)) if no_grad else b.emit  # noqa: E731
     rank = model.v.dim()
     d = _dim_spelling(c, dim, rank)
     kind = plan["kind"]
@@ -922,19 +931,19 @@ def _select(b: _Builder, source: str, model: Model, dim: int, k: int, plan: dict
         kd = f", keepdim={keepdim}" if keepdim or c.flag(0.3) else ""
         dim_text = f"dim={d}" if style.endswith("kw") else f"{d}"
         call = f"torch.{kind}({source}, {dim_text}{kd})" if style.startswith("fn") else f"{source}.{kind}({dim_text}{kd})"
-        b.emit(f"{i} = {call}")
+        emit(f"{i} = {call}")
         returned.append(i)
         outs.append(Out("index", group, False, dim if keepdim else -1))
-        return
+        return no_grad
     if unpack == "tuple":
-        b.emit(f"{v}, {i} = {call}")
+        emit(f"{v}, {i} = {call}")
     else:
         r = b.fresh("r")
-        b.emit(f"{r} = {call}")
+        emit(f"{r} = {call}")
         if unpack == "index":
-            b.emit(f"{v}, {i} = {r}[0], {r}[1]")
+            emit(f"{v}, {i} = {r}[0], {r}[1]")
         else:
-            b.emit(f"{v}, {i} = {r}.values, {r}.indices")
+            emit(f"{v}, {i} = {r}.values, {r}.indices")
     unsorted = kind == "topk" and k > 1 and not plan["sorted"]
     out_dim = dim if keep else -1
     if returns_values:
@@ -943,6 +952,15 @@ def _select(b: _Builder, source: str, model: Model, dim: int, k: int, plan: dict
     if returns_index:
         returned.append(i)
         outs.append(Out("index", group, unsorted, out_dim))
+    if c.flag(0.2):  # code that compares the values with their source (a top-k or min-p mask): k entries
+        largest = plan["largest"] if kind == "topk" else kind == "max"
+        cut = f"{v}.{'amin' if largest else 'amax'}({d}, keepdim=True)" if keep else f"{v}.unsqueeze({d})"
+        n = b.fresh("n")
+        b.emit(f"{n} = ({source} {'>=' if largest else '<='} {cut}).sum({d})")
+        returned.append(n)
+        outs.append(Out("other"))
+        b.tag("values compared with their source")
+    return no_grad
 
 
 # --------------------------------------------------------------------------------------------------

@@ -165,8 +165,9 @@ class SoftmaxParts:
     Rewrites of one softmax share one SoftmaxParts, hence one exp-sum.
     """
 
-    def __init__(self, emit: Emitter, softmax: Softmax) -> None:
+    def __init__(self, emit: Emitter, softmax: Softmax, read_elsewhere: bool = False) -> None:
         self.emit, self.softmax = emit, softmax
+        self.read_elsewhere = read_elsewhere  # something but selections reads the softmax (rewrite.read_elsewhere)
         self._z, self._sum_exp, self._log_sum = softmax.z, softmax.sum_exp, softmax.log_sum
 
     def z(self) -> Node:

@@ -17,6 +17,9 @@ Legality, besides the shapes (selection dim = softmax dim, 1 <= k <= size, a kno
     the softmax and the selection, and nothing writes the logits or the values between them and the
     softmax after the softmax's chain first read them. The rewrite selects right after the softmax, so
     later writes to the logits do not matter; a write to a clone does not count;
+  * nothing changes torch's global state (grad mode, autocast: `with torch.no_grad()` around the topk)
+    from the first op looked through to the selection: the rewrite computes the values where the softmax
+    is, under its grad mode and dtype policy, which must be the selection's;
   * largest selections only: the smallest probabilities underflow to exactly 0 in floating point, and
     the original then returns the first of those zeros, not the smallest logit;
   * topk(sorted=False) with k > 1 is refused: its order is unspecified;
@@ -433,6 +436,11 @@ def _check_effects(effects: Effects, sel: Selection, softmax: Softmax, logits: N
     if after_softmax:
         raise Refuse(f"the probabilities are written in place between the softmax and the selection, by {_describe(after_softmax[0])}")
     chain = [*peeled, softmax.node]  # in graph order: each reads the one before
+    if changes := effects.state_changes(min(chain, key=effects.order.get), sel.node):
+        raise Refuse(
+            f"{_describe(changes[0])} changes torch's global state (grad mode, autocast) between the softmax "
+            "and the selection: the rewritten values would be computed under the softmax's"
+        )
     first_read = min((n for n in chain if logits in n.all_input_nodes), key=effects.order.get, default=softmax.node)
     written = effects.writers([logits], first_read, softmax.node)
     for value in peeled:

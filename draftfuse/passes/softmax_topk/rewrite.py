@@ -6,6 +6,12 @@ only if something reads them, point the selection's readers at the new nodes, er
 replaced one node at a time (Dynamo graphs are not functional: graph-wide dead-code elimination would
 delete in-place writes there). New nodes go right after the softmax: that is where the logits held the
 values the selection saw.
+
+The values are computed from the softmax's exp-sum (float32 inside), not read from a probability tensor,
+except where something other than selections reads the probabilities: they are computed anyway then,
+and the values are gathered from them at the new index, the very elements the original selection
+returned (a recomputed value may differ in its last bit, and code that compares the probabilities with
+their max, `probs == probs.max(-1, keepdim=True).values`, would then find no max).
 """
 
 from __future__ import annotations
@@ -16,13 +22,13 @@ import torch
 from torch._dynamo.utils import counters
 
 from draftfuse.graph.effects import Effects
-from draftfuse.graph.selection import Selection, readers, rewire_readers
+from draftfuse.graph.selection import Selection, as_selection, readers, rewire_readers
 from draftfuse.graph.values import Node, erase_emitted, erase_unused, fake_tensor, level as graph_level, user_location
 from draftfuse.kernels import selection_kernels_available  # registers torch.ops.draftfuse.*
 from draftfuse.passes.driver import Refuse, rewrite_selections
 from draftfuse.passes.report import PassReport, Rewrite
 from draftfuse.passes.softmax_topk.emit import PASS_NAME, AtenEmitter, Emitter, SoftmaxParts, TorchEmitter
-from draftfuse.passes.softmax_topk.match import HALF, Match, match
+from draftfuse.passes.softmax_topk.match import HALF, Match, as_cast, match
 
 log = logging.getLogger("draftfuse.passes.softmax_topk")
 
@@ -58,10 +64,33 @@ def _replay_casts(m: Match, emit: Emitter, value: Node) -> Node:
     return value
 
 
+def read_elsewhere(probs: Node) -> bool:
+    """Whether anything but selections (directly or through casts) reads the probabilities."""
+    frontier = list(probs.users)
+    while frontier:
+        user = frontier.pop()
+        if as_cast(user) is not None:
+            frontier.extend(user.users)
+        elif as_selection(user) is None:
+            return True
+    return False
+
+
+def _gathered(m: Match, emit: Emitter, index: Node, dim_kept: bool) -> Node:
+    """The selected elements of the probabilities themselves (computed anyway: read_elsewhere)."""
+    at = index if dim_kept else emit.call("unsqueeze", index, m.dim)
+    value = emit.call("gather", m.softmax.node, m.dim, at)
+    if m.k == 1 and not m.selection.keepdim:
+        value = emit.call("squeeze", value, m.dim)
+    return _replay_casts(m, emit, value)
+
+
 def _values(m: Match, parts: SoftmaxParts, index_keepdim: Node, ones: bool, dim_kept: bool) -> Node:
     """The probabilities (or log-probabilities) the selection returned, without the probability tensor
-    (`ones`: the constant probs="ones" asks for)."""
+    unless it is read elsewhere (`ones`: the constant probs="ones" asks for)."""
     emit, sel = parts.emit, m.selection
+    if parts.read_elsewhere and not ones:
+        return _gathered(m, emit, index_keepdim, dim_kept)
     if ones:
         # greedy chains that never read the probabilities: the constant the caller asked for
         value = emit.call("zeros_like" if m.log else "ones_like", index_keepdim, m.prob_dtype)
@@ -149,9 +178,12 @@ def _emit(m: Match, parts: SoftmaxParts, wants_values: bool, probs: str, lowerin
     values are probs="ones"'s constant)."""
     emit, sel = parts.emit, m.selection
     prefix = "log_" if m.log else ""
-    use_kernel, why_not = _kernel_choice(m, wants_values, lowering)
+    gathered = wants_values and parts.read_elsewhere and not (m.k == 1 and probs == "ones")
+    use_kernel, why_not = _kernel_choice(m, wants_values and not gathered, lowering)
     if use_kernel:
-        index, value = _select_with_kernel(m, emit, wants_values, probs)
+        index, value = _select_with_kernel(m, emit, wants_values and not gathered, probs)
+        if gathered:
+            value = _gathered(m, emit, index, m.k > 1 or sel.keepdim)
         op = "draftfuse.argmax_prob" if m.k == 1 else "draftfuse.topk_prob"
         return index, value, f"{prefix}softmax+{sel.kind}(k={m.k}) -> {op}", why_not, m.k == 1 and probs == "ones"
     # Under a tensor temperature the order is that of x * sign(t): x's, -x's, or all tied (t = 0); integer
@@ -192,6 +224,7 @@ def _apply(m: Match, parts: SoftmaxParts, probs: str, lowering: str, erased: set
         details.append(f"temperature tensor {m.tensor_scale.node.name}: the order of x * sign")
     if wants_values:
         source = "the kernel" if rule.endswith(("argmax_prob", "topk_prob")) else "the exp-sum"
+        source = "the probability tensor, read elsewhere too" if parts.read_elsewhere else source
         kind = "log-probabilities" if m.log else "probabilities"
         details.append(f"{kind} {0 if m.log else 1} (probs='ones')" if ones else f"{kind} from {source}")
     if why_not:
@@ -218,7 +251,9 @@ def rewrite_graph(graph: torch.fx.Graph, *, probs: str = "exact", lowering: str 
         return m
 
     def apply(sel: Selection, m: Match, erased: set[Node]) -> Rewrite:
-        parts = parts_by_softmax.get(m.softmax.node) or SoftmaxParts(emitter_cls(origin=sel.node, cursor=m.softmax.node), m.softmax)
+        parts = parts_by_softmax.get(m.softmax.node) or SoftmaxParts(
+            emitter_cls(origin=sel.node, cursor=m.softmax.node), m.softmax, read_elsewhere(m.softmax.node)
+        )
         parts.emit.origin = sel.node
         start = parts.emit.cursor
         try:

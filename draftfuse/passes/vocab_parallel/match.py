@@ -9,7 +9,8 @@ spellings, casts, temperatures, k, dims and effects rules, at both levels. On to
     only by the next nodes of the pattern (the rewrite removes the full logits, so another reader
     would need a gather of its own);
   * effects: nothing writes the gathered tensor or any step of its reassembly between the collective
-    and the softmax (softmax_topk's matcher checks the logits and the probabilities themselves);
+    and the softmax (softmax_topk's matcher checks the logits and the probabilities themselves), and
+    nothing changes torch's global state between the collective and the selection;
   * k fits in one shard, ids fit the float payload exactly, and a padded vocabulary (a prefix slice)
     leaves rank 0's shard whole and is padded along the last dim.
 """
@@ -124,6 +125,8 @@ def match(sel: Selection, level: str, effects: Effects, half_probs: str = "rewri
     pattern = sorted({*gather.nodes, *chain_between(gather.start, sel.node)}, key=effects.order.get)
     if (other := _other_user(pattern, sel.node)) is not None:
         raise Refuse(f"the gathered logits have other users: {other[0].name} is also read by {other[1].name}")
+    if changes := effects.state_changes(gather.anchor, sel.node):  # the rewrite emits at the anchor
+        raise Refuse(f"{changes[0].name} changes torch's global state (grad mode, autocast) between the gather and the selection")
     writes = [w for w in effects.writers([gather.start, *found.chain], gather.anchor, m.softmax.node) if w not in gather.nodes]
     if writes:
         raise Refuse(f"the gathered logits are written in place before the softmax, by {writes[0].name}")
