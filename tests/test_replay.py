@@ -850,6 +850,28 @@ def test_recorder_reads_inputs_in_place_then_copies_after_another_tensor(monkeyp
     assert torch.equal(recorder.outputs[0], y)
 
 
+def test_the_recorder_checks_overlap_before_every_replay_of_inputs_not_read_in_place(monkeypatch):
+    """Once another input tensor had recorded again over static buffers, a call through Dynamo replayed
+    with no overlap check (only the fast path had one): an argument sharing the KV cache the draft writes
+    was copied into a static buffer before the draft's write and read stale (eager reads it written), where
+    draftfuse promises an error. Every path's replay now checks in one place."""
+    weight = torch.tensor([2.0, 2.0, 2.0, 2.0])
+    recorder = _simulated_recorder(monkeypatch, lambda w, x: (x * w,), [True, False])
+    checked = []
+    recorder.compiled.check = lambda sources, positions: checked.append((sources, positions))
+    x = torch.arange(4.0)
+    recorder(weight, x)  # warm-up
+    recorder(weight, x)  # records, reading x where it is
+    recorder(weight, x)  # replays x in place: checked when recorded
+    assert checked == []
+    other = torch.ones(4)
+    recorder(weight, other)  # through Dynamo, another tensor: checked, then recorded again over static buffers
+    assert len(checked) == 1 and checked[0][0][0] is other and checked[0][1] == [1]
+    recorder(weight, x)  # through Dynamo, copied into the static buffer: checked
+    recorder.replay_for_caller([other], ())  # the fast path's call: checked
+    assert [c[0][0] for c in checked[1:]] == [x, other]
+
+
 def test_recorder_keeps_an_expanded_input_in_place_and_a_failed_capture_unrecorded(monkeypatch):
     weight = torch.tensor([2.0, 2.0, 2.0, 2.0])
     recorder = _simulated_recorder(monkeypatch, lambda w, x, y: (x * w + y,), [True, False, False])

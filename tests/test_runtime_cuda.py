@@ -15,7 +15,7 @@ import torch._dynamo
 from torch._dynamo.utils import counters
 
 from draftfuse.runtime.draft_loop import draft_loop
-from draftfuse.runtime.errors import CudagraphSkipError
+from draftfuse.runtime.errors import CudagraphSkipError, DraftCaptureError
 from tests._tiny_draft import BATCH, HIDDEN, VOCAB, draft, make_inputs
 
 pytestmark = [pytest.mark.cuda, pytest.mark.usefixtures("fresh_dynamo")]
@@ -199,6 +199,25 @@ class _CudaWorker:
     @draft_loop
     def draft(self):
         return draft(self.model, self.tokens, self.hidden, self.kv_cache, self.position)
+
+
+def test_an_argument_sharing_the_written_cache_raises_after_another_input_recorded_again():
+    """A server passing a fresh hidden tensor each call records again over static buffers; a later call
+    through Dynamo whose argument is a view of the KV cache the draft writes raised only on the fast path,
+    and on this one read the row before the draft's write."""
+
+    def step(h, cache):
+        cache[0] = cache[0] * 2 + 1
+        return h * 3 + cache[1:3].sum(0)
+
+    compiled = draft_loop(step)
+    cache = torch.arange(32.0, device="cuda").reshape(4, 8)
+    want_cache = cache.clone()
+    for _ in range(3):
+        h = torch.randn(1, 8, device="cuda")
+        assert torch.equal(compiled(h, cache), step(h.clone(), want_cache))
+    with pytest.raises(DraftCaptureError, match="shares memory with an input the draft writes"):
+        compiled(cache[0:1], cache)
 
 
 def _run_worker() -> tuple[weakref.ref, int]:

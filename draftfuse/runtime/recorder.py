@@ -150,7 +150,12 @@ class GraphRecorder:
         """Make the recorded graph read `sources`: nothing to do when they are the held inputs it reads in
         place (`in_place` says so already, or reads_in_place); a tensor elsewhere records again over static
         buffers (for good; over these tensors when one is expanded, see _capture); with static buffers,
-        copy the sources into them (one launch)."""
+        copy the sources into them (one launch). Sources read anywhere but in place are first checked not to
+        overlap an input the region writes (its overlap check, when it writes inputs; held inputs were
+        checked when recorded), whether the call came through Dynamo or the fast path."""
+        check = getattr(self.compiled, "check", None)  # checks.guard_written_inputs's
+        if check is not None and not (in_place or self.reads_in_place(sources)):
+            check(sources, [index for index, _ in self.copies])
         if self.in_place:
             if in_place or self.reads_in_place(sources):
                 return

@@ -221,7 +221,6 @@ class Replay:
         only_graph = self.flat_tuple and all(kind == "graph" for kind, _ in self.leaves)
         self.only_graph = [where for _, where in self.leaves] if only_graph else None  # a tuple of graph outputs
         self.generation = recorder.generation
-        self.check_arguments = getattr(recorder.compiled, "check", None)  # this compile's overlap check, if it writes inputs
 
     @property
     def stale(self) -> bool:
@@ -332,8 +331,6 @@ class Replay:
     def run(self, f_locals: dict[str, Any], clone: bool) -> Any:
         sources = [fetch(f_locals) for fetch in self.fetchers]
         in_place = self.recorder.reads_in_place(sources)
-        if not in_place and self.check_arguments is not None:  # held inputs at their recorded addresses were checked when recorded
-            self.check_arguments(sources, [index for index, _ in self.recorder.copies])
         outputs = self.recorder.replay_for_caller(sources, self.graph_leaves if clone else (), in_place)
         if self.only_graph is not None:
             return tuple([outputs[i] for i in self.only_graph])
