@@ -146,6 +146,90 @@ def test_a_deleted_worker_frees_its_draft_weights_and_compiled_region():
     torch._dynamo.reset()
 
 
+class _KvWorker:
+    """A worker whose draft writes its own KV cache and reads its own head (modeled on EAGLE-style workers)."""
+
+    def __init__(self, seed: int) -> None:
+        self.head = torch.nn.Linear(8, 16).requires_grad_(False)
+        torch.nn.init.normal_(self.head.weight, generator=torch.Generator().manual_seed(seed))
+        self.kv = torch.zeros(4, 8)
+
+    @draft_loop
+    def draft(self, h):
+        self.kv[0] = h[0]
+        return torch.softmax(self.head(h), -1).topk(2, -1)
+
+
+def _eager_draft(worker, h):
+    with torch.no_grad():
+        return _KvWorker.draft._fn(worker, h)
+
+
+def test_a_copied_worker_drafts_with_its_own_weights_and_cache():
+    """copy.copy(worker) copied the instance's __dict__, the bound draft with it: the copy's calls ran
+    the original's draft (its head, its KV cache), silently."""
+    import copy
+
+    original, h = _KvWorker(0), torch.randn(2, 8, generator=torch.Generator().manual_seed(1))
+    original.draft(h)
+    clone = copy.copy(original)
+    clone.head, clone.kv = _KvWorker(1).head, torch.zeros(4, 8)
+    got, want = clone.draft(h), _eager_draft(copy.copy(clone), h)
+    assert torch.equal(got.indices, want.indices) and torch.allclose(got.values, want.values)
+    assert torch.equal(clone.kv[0], h[0]), "the copy's own KV cache is written"
+    assert clone.draft is not original.draft and clone.draft is clone.draft
+
+
+def test_equal_slotted_workers_each_get_their_own_draft():
+    """Workers without __dict__ were looked up by their __eq__ and __hash__: two dataclass workers equal
+    but for a KV cache field left out of the comparison shared one draft (the first one's cache written)."""
+    import dataclasses
+
+    @dataclasses.dataclass(frozen=True, slots=True, weakref_slot=True)
+    class SlotWorker:
+        head: torch.nn.Module
+        kv: torch.Tensor = dataclasses.field(compare=False, hash=False)
+
+        @draft_loop
+        def draft(self, h):
+            self.kv[0] = h[0]
+            return self.head(h).argmax(-1)
+
+    head = torch.nn.Linear(8, 16).requires_grad_(False)
+    a, b = SlotWorker(head, torch.zeros(4, 8)), SlotWorker(head, torch.zeros(4, 8))
+    assert a == b
+    h = torch.randn(2, 8)
+    a.draft(h)
+    b.draft(h + 5)
+    assert torch.equal(a.kv[0], h[0]) and torch.equal(b.kv[0], h[0] + 5)
+    assert a.draft is not b.draft
+
+
+def test_a_subclass_override_calling_super_stays_the_method():
+    """A subclass overriding the decorated method and calling it through super(): the first super() lookup
+    stored the bound draft under the method's name in the instance, and from the second call on it was
+    found before the override, whose preprocessing was skipped."""
+
+    class Scaled(_KvWorker):
+        def draft(self, h):
+            return super().draft(h * 2)
+
+    worker, h = Scaled(0), torch.randn(2, 8, generator=torch.Generator().manual_seed(1))
+    for _ in range(3):
+        got, want = worker.draft(h), _eager_draft(worker, h * 2)
+        assert torch.equal(got.indices, want.indices) and torch.allclose(got.values, want.values)
+    assert type(worker).draft is Scaled.draft and worker.draft.__func__ is Scaled.draft
+
+
+def test_a_draft_method_replaced_on_an_instance_is_the_replacement():
+    worker = _KvWorker(0)
+    worker.draft(torch.randn(2, 8))
+    worker.draft = lambda h: "replaced"
+    assert worker.draft(None) == "replaced"
+    del worker.draft
+    assert isinstance(worker.draft, DraftLoop) and worker.draft.compiles
+
+
 def test_bare_and_with_arguments():
     bare = draft_loop(draft)
     configured = draft_loop(mode="default", options={"probs": "ones"}, max_compiles=2)(draft)

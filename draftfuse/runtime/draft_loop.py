@@ -73,6 +73,9 @@ _CPU_WARNING = (
 )
 
 
+_UNSET = object()
+
+
 class DraftLoop:
     """A draft function (or a method bound to one instance) compiled as one region; see the module doc."""
 
@@ -93,8 +96,9 @@ class DraftLoop:
         self._zero_copy, self._dynamic, self._max_compiles = zero_copy_outputs, dynamic, max_compiles
         self._instance = instance
         self._attribute: str | None = None  # the class attribute this draft was assigned to
-        self._bound: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # for instances without __dict__
-        self._bound_strongly: dict[int, tuple[Any, DraftLoop]] = {}  # and without __weakref__ either
+        # for instances without __dict__, by identity (not by their __eq__: equal workers are distinct):
+        # id -> (a reference to the instance, its draft)
+        self._bound: dict[int, tuple[Callable[[], Any], DraftLoop]] = {}
         self._span = f"draftfuse.draft:{getattr(fn, '__qualname__', repr(fn))}"
         self._code_fn = own_code(fn)  # Dynamo's cache for this draft lives on this copy's code
         self._compiled = torch.compile(self._code_fn, fullgraph=True, dynamic=dynamic, backend=_weak_backend(self))
@@ -120,29 +124,50 @@ class DraftLoop:
         return self._attribute
 
     def __get__(self, instance: Any, owner: type | None = None) -> Any:
+        """The draft bound to `instance`, made on its first lookup and kept in the instance's __dict__
+        under a private name (or here, by identity, for an instance without one). A data descriptor, so
+        every lookup comes here (~0.1 µs): a draft bound to another instance (found in the __dict__ of a
+        copy.copy) or made by another draft_loop is never returned, and a subclass's override of the
+        method stays what its name finds (it reaches this draft through super())."""
         if instance is None:
             return self
         name = self._attribute_in(owner or type(instance))
         store = getattr(instance, "__dict__", None)
-        bound = store.get(name) if store is not None else self._bound_of(instance)
-        if not isinstance(bound, DraftLoop):
-            bound = DraftLoop(
-                self._fn, options=self._options, zero_copy_outputs=self._zero_copy, dynamic=self._dynamic, max_compiles=self._max_compiles, instance=instance
-            )
-            if store is not None:
-                store[name] = bound  # later lookups find it before this (non-data) descriptor
-            else:
-                try:
-                    self._bound[instance] = bound
-                except TypeError:  # __slots__ without __weakref__: held (with the instance) for good
-                    self._bound_strongly[id(instance)] = (instance, bound)
+        if store is not None:
+            if (assigned := store.get(f"_draftfuse_set_{name}", _UNSET)) is not _UNSET:
+                return assigned
+            bound = store.get(f"_draftfuse_{name}")
+        else:
+            ref, bound = self._bound.get(id(instance), (None, None))
+            bound = bound if ref is not None and ref() is instance else None
+        if isinstance(bound, DraftLoop) and bound._instance is instance and bound._fn is self._fn:
+            return bound
+        bound = DraftLoop(
+            self._fn, options=self._options, zero_copy_outputs=self._zero_copy, dynamic=self._dynamic, max_compiles=self._max_compiles, instance=instance
+        )
+        if store is not None:
+            store[f"_draftfuse_{name}"] = bound
+        else:
+            key = id(instance)
+            try:
+                ref = weakref.ref(instance, lambda _, bound_map=self._bound, key=key: bound_map.pop(key, None))
+            except TypeError:  # __slots__ without __weakref__: held (with the instance) for good
+                ref = lambda instance=instance: instance  # noqa: E731
+            self._bound[key] = (ref, bound)
         return bound
 
-    def _bound_of(self, instance: Any) -> DraftLoop | None:
-        try:
-            return self._bound.get(instance)
-        except TypeError:
-            return self._bound_strongly.get(id(instance), (None, None))[1]
+    def __set__(self, instance: Any, value: Any) -> None:
+        """`worker.draft = fn` replaces the method on that instance, as for a plain method."""
+        store = getattr(instance, "__dict__", None)
+        if store is None:
+            raise AttributeError(f"{type(instance).__name__!r} object has no __dict__ to hold {self._attribute_in(type(instance))!r}")
+        store[f"_draftfuse_set_{self._attribute_in(type(instance))}"] = value
+
+    def __delete__(self, instance: Any) -> None:
+        store = getattr(instance, "__dict__", None)
+        name = self._attribute_in(type(instance))
+        if store is None or store.pop(f"_draftfuse_set_{name}", _UNSET) is _UNSET:
+            raise AttributeError(name)
 
     # ---- the call ----
 
