@@ -96,6 +96,7 @@ class DraftLoop:
         self._zero_copy, self._dynamic, self._max_compiles = zero_copy_outputs, dynamic, max_compiles
         self._instance = instance
         self._attribute: str | None = None  # the class attribute this draft was assigned to
+        self._keys = ("", "")  # where an instance's __dict__ keeps its draft, and a replacement assigned to it
         # for instances without __dict__, by identity (not by their __eq__: equal workers are distinct):
         # id -> (a reference to the instance, its draft)
         self._bound: dict[int, tuple[Callable[[], Any], DraftLoop]] = {}
@@ -113,14 +114,15 @@ class DraftLoop:
         self._current_call: tuple[tuple, dict] | None = None
         self._warned_cpu = self._warn_cpu = False
 
-    # ---- methods: one draft per instance, stored under the attribute's name ----
+    # ---- methods: one draft per instance, kept with it under a private name ----
 
     def __set_name__(self, owner: type, name: str) -> None:
         self._attribute = name
+        self._keys = (f"_draftfuse_{name}", f"_draftfuse_set_{name}")
 
     def _attribute_in(self, owner: type) -> str:
         if self._attribute is None:  # assigned after the class was made: Cls.fast = draft_loop(Cls.step)
-            self._attribute = next((k for c in owner.__mro__ for k, v in vars(c).items() if v is self), self.__name__)
+            self.__set_name__(owner, next((k for c in owner.__mro__ for k, v in vars(c).items() if v is self), self.__name__))
         return self._attribute
 
     def __get__(self, instance: Any, owner: type | None = None) -> Any:
@@ -131,12 +133,13 @@ class DraftLoop:
         method stays what its name finds (it reaches this draft through super())."""
         if instance is None:
             return self
-        name = self._attribute_in(owner or type(instance))
+        self._attribute_in(owner or type(instance))
+        key, set_key = self._keys
         store = getattr(instance, "__dict__", None)
         if store is not None:
-            if (assigned := store.get(f"_draftfuse_set_{name}", _UNSET)) is not _UNSET:
+            if (assigned := store.get(set_key, _UNSET)) is not _UNSET:
                 return assigned
-            bound = store.get(f"_draftfuse_{name}")
+            bound = store.get(key)
         else:
             ref, bound = self._bound.get(id(instance), (None, None))
             bound = bound if ref is not None and ref() is instance else None
@@ -146,14 +149,14 @@ class DraftLoop:
             self._fn, options=self._options, zero_copy_outputs=self._zero_copy, dynamic=self._dynamic, max_compiles=self._max_compiles, instance=instance
         )
         if store is not None:
-            store[f"_draftfuse_{name}"] = bound
+            store[key] = bound
         else:
-            key = id(instance)
+            where = id(instance)
             try:
-                ref = weakref.ref(instance, lambda _, bound_map=self._bound, key=key: bound_map.pop(key, None))
+                ref = weakref.ref(instance, lambda _, bound_map=self._bound, where=where: bound_map.pop(where, None))
             except TypeError:  # __slots__ without __weakref__: held (with the instance) for good
                 ref = lambda instance=instance: instance  # noqa: E731
-            self._bound[key] = (ref, bound)
+            self._bound[where] = (ref, bound)
         return bound
 
     def __set__(self, instance: Any, value: Any) -> None:
@@ -161,12 +164,12 @@ class DraftLoop:
         store = getattr(instance, "__dict__", None)
         if store is None:
             raise AttributeError(f"{type(instance).__name__!r} object has no __dict__ to hold {self._attribute_in(type(instance))!r}")
-        store[f"_draftfuse_set_{self._attribute_in(type(instance))}"] = value
+        store[self._keys[1]] = value
 
     def __delete__(self, instance: Any) -> None:
         store = getattr(instance, "__dict__", None)
         name = self._attribute_in(type(instance))
-        if store is None or store.pop(f"_draftfuse_set_{name}", _UNSET) is _UNSET:
+        if store is None or store.pop(self._keys[1], _UNSET) is _UNSET:
             raise AttributeError(name)
 
     # ---- the call ----

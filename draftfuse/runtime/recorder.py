@@ -41,6 +41,7 @@ class GraphRecorder:
 
     def __init__(self, compiled: Callable[..., Any], static: Sequence[bool], written: set[int], device: torch.device, spares: int = 0) -> None:
         self.compiled = compiled
+        self.check_overlap = getattr(compiled, "check", None)  # checks.guard_written_inputs's, for a region writing inputs
         self.static = list(static)  # per graph input: a weight, buffer or written input (True), read where it is
         self.written = written  # graph inputs the region writes in place (static): checked by address only
         self.device = device
@@ -153,9 +154,8 @@ class GraphRecorder:
         copy the sources into them (one launch). Sources read anywhere but in place are first checked not to
         overlap an input the region writes (its overlap check, when it writes inputs; held inputs were
         checked when recorded), whether the call came through Dynamo or the fast path."""
-        check = getattr(self.compiled, "check", None)  # checks.guard_written_inputs's
-        if check is not None and not (in_place or self.reads_in_place(sources)):
-            check(sources, [index for index, _ in self.copies])
+        if self.check_overlap is not None and not (in_place or self.reads_in_place(sources)):
+            self.check_overlap(sources, [index for index, _ in self.copies])
         if self.in_place:
             if in_place or self.reads_in_place(sources):
                 return
