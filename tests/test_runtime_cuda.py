@@ -215,7 +215,7 @@ def test_an_argument_sharing_the_written_cache_raises_after_another_input_record
     want_cache = cache.clone()
     for _ in range(3):
         h = torch.randn(1, 8, device="cuda")
-        assert torch.equal(compiled(h, cache), step(h.clone(), want_cache))
+        torch.testing.assert_close(compiled(h, cache), step(h.clone(), want_cache))  # Triton may fuse h * 3 + s into an FMA
     with pytest.raises(DraftCaptureError, match="shares memory with an input the draft writes"):
         compiled(cache[0:1], cache)
 
