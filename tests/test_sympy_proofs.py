@@ -136,6 +136,37 @@ def test_producer_ranges_need_no_declaration():
     assert re.fullmatch(r"PythonMod\((iota\w*), 6\) == \1 given \1 in \[0, 5\]", details[1]), details
 
 
+def _compiled_equals_eager(draft, *args):
+    torch._dynamo.reset()
+    want = draft(*args)
+    got = torch.compile(draft, backend="draftfuse", fullgraph=True)(*args)
+    torch._dynamo.reset()
+    assert [t.tolist() for t in got] == [t.tolist() for t in want]
+
+
+def test_operands_converted_to_a_narrower_result_dtype_decide_nothing():
+    """torch converts every operand to the result's dtype: a 0-d int64 limit of 2**32 - 1 is -1 to an int32
+    tensor, a divisor of 2**32 + 3 is 3, and 300 is 44 to a uint8 tensor. The proofs used the unconverted
+    values and merged minimum(x, limit) into x, slot % (2**32 + 3) into slot and b % 300 into b."""
+
+    def draft(x, b):
+        slot = torch.arange(4, dtype=torch.int32)
+        limited = torch.minimum(x, torch.full((), 2**32 - 1, dtype=torch.int64))
+        return limited * 2, slot % (2**32 + 3) + x, b % 300 + 1, torch.div(b, 300, rounding_mode="floor") + 1
+
+    _compiled_equals_eager(draft, torch.tensor([3, 5, 7, 9], dtype=torch.int32), torch.tensor([50, 200], dtype=torch.uint8))
+
+
+def test_an_empty_arange_compiles():
+    """arange(0) (a draft with no extra slots configured): its range [0, -1] raised ValueRangeError in
+    every compile of the graph."""
+
+    def draft(pos):
+        return pos + 1, torch.arange(0) + pos.max()
+
+    _compiled_equals_eager(draft, torch.tensor([1, 2]))
+
+
 def test_shape_env_ranges_prove_clamps_of_symbolic_sizes():
     def seed(tokens, keys):
         position = torch.full_like(tokens, keys.size(1) - 1)

@@ -12,7 +12,9 @@ symbol. Integer tensors wrap around in their dtype, so an expression E of a node
   * a cast to a narrower or equal dtype keeps the expression (truncation respects the ring); a cast to
     a wider one needs its operand to fit its own dtype;
   * clamp, maximum/minimum, floor division and modulo by a positive constant decide by the operands'
-    true values: they translate only when every operand provably fits its dtype (nothing wrapped);
+    true values: they translate only when every operand provably fits its own dtype and the result's
+    (torch converts each operand to the result's dtype first: a 0-d int64 limit of 2**32 - 1 is -1 to
+    an int32 tensor, and `x % 300` divides a uint8 tensor by 44);
   * everything else, bool tensors (their arithmetic saturates) and floating point (not associative)
     are leaves. Operands must have the result's shape or one element, so that one symbol always stands
     for the element at the same index. There is no equality from printing: each leaf is its own symbol.
@@ -118,15 +120,19 @@ class Expressions:
         expr = self._arithmetic(node, value) if node.op == "call_function" else None
         return self._leaf(node, value.dtype) if expr is None else expr
 
-    def exact(self, arg: Any) -> bool:
-        """Whether `arg`'s expression provably fits its dtype (no value wrapped around)."""
-        if not isinstance(arg, Node):
-            return True  # a Python int or a constant
-        value, expr = fake(arg), self.of(arg)
-        if isinstance(value, torch.SymInt):
-            return True  # sizes are what they are
+    def exact(self, arg: Any, within: torch.dtype | None = None) -> bool:
+        """Whether `arg`'s expression provably fits its dtype (no value wrapped around), and the dtype
+        `within` if given (the result's, which an operand is converted to)."""
+        value = fake(arg)
+        if not isinstance(arg, Node) or isinstance(value, torch.SymInt):
+            if within is None:
+                return True  # a Python int or a constant, a size: what they are
+            expr = self._scalar(arg)
+        else:
+            expr = self.of(arg)
         found = bound(expr, self.ranges) if expr is not None else None
-        return found is not None and found.issubset(dtype_range(value.dtype))
+        dtypes = [d for d in (getattr(value, "dtype", None), within) if d is not None]
+        return found is not None and all(found.issubset(dtype_range(d)) for d in dtypes)
 
     def _leaf(self, node: Node, dtype: torch.dtype) -> sympy.Symbol:
         symbol = sympy.Symbol(node.name, integer=True)
@@ -175,8 +181,11 @@ class Expressions:
         values wrap (arange(200, dtype=int8) holds -56 .. -1 too), and only the dtype's range holds."""
         if low is None or high is None:
             return None
-        found, value = ValueRanges(low.lower, high.upper), fake(node)
-        return found if value is not None and found.issubset(dtype_range(value.dtype)) else None
+        value = fake(node)
+        if value is None or value.numel() == 0:
+            return None  # an empty arange: no value to bound (and no range [start, start - 1])
+        found = ValueRanges(low.lower, high.upper)
+        return found if found.issubset(dtype_range(value.dtype)) else None
 
     def _scalar(self, arg: Any) -> sympy.Expr | None:
         if isinstance(arg, bool):
@@ -214,8 +223,8 @@ class Expressions:
             exprs = [self._operand(a, value) for a in items]
             if any(e is None for e in exprs):
                 return None
-            if decides and not all(self.exact(a) for a in items):
-                undecided = True  # the decision needs true values, and one may have wrapped
+            if decides and not all(self.exact(a, value.dtype) for a in items):
+                undecided = True  # the decision needs true values, and one may have wrapped (or will, converted)
             return exprs
 
         expr = self._decision_or_ring(target, args, kwargs, operands)
@@ -260,7 +269,8 @@ class Expressions:
             divisor = args[1] if len(args) == 2 else None
             if not isinstance(divisor, int) or isinstance(divisor, bool) or divisor <= 0:
                 return None  # a positive constant divisor: then torch's floor and modulo are sympy's
-            ops = operands(args[0], decides=True)
+            ops = operands(args[0], divisor, decides=True)  # the divisor too must fit the dtype (uint8 % 300 is % 44)
+            ops = ops if ops is None else ops[:1]
             return None if ops is None else (FloorDiv(ops[0], divisor) if floor else PythonMod(ops[0], divisor))
         if target in (prims.convert_element_type.default, aten._to_copy.default) and isinstance(args[0], Node):
             if kwargs.keys() - {"dtype"} or not is_integer(fake(args[0])):

@@ -10,7 +10,8 @@ What is generated (`generate(chooser)` -> `SeedFoldProgram`: source text of `see
              torch._foreach_add_([pos, seq_lens], 1), a write through pool or its view, through
              torch.einsum("i->i", pos)); integer expressions over the inputs: + - * with constants and
              tensors (torch.add, Tensor.sub, ...), neg, // and torch.div(rounding_mode="floor") and
-             torch.floor_divide, %, torch.remainder, clamp/clamp_min/clamp_max/clip, torch.maximum/minimum,
+             torch.floor_divide, %, torch.remainder (divisors that do not fit a narrow dtype too),
+             clamp/clamp_min/clamp_max/clip, torch.maximum/minimum (with a 0-d int64 limit too),
              casts .long()/.int()/.short()/.char()/.to(dtype) between int64/int32/int16/int8 (narrow
              products wrap), torch.full; random draws (torch.randint, torch.rand, torch.binomial,
              torch.randint_like, torch.randperm); a fresh buffer filled from a value (buf.copy_(a),
@@ -20,7 +21,8 @@ What is generated (`generate(chooser)` -> `SeedFoldProgram`: source text of `see
              seq_lens.sub_(c) which breaks the declared range for the written value, out=, _foreach,
              einsum views, the pool through its view); VARIANTS of the seed's expressions over the
              carried values: the same expression (CSE), ones equal under the true facts (a clamp that
-             never clamps given seq_lens >= 1, (e + c) - c, e * 1, e // 1, e % big, a cast round trip
+             never clamps given seq_lens >= 1, (e + c) - c, e * 1, e // 1, e % big, min(e, 2**32 - 1) and
+             e % (2**32 + 5) (equal only if e is int64: torch converts the limit to e's dtype), a cast round trip
              that fits, operands swapped, a product distributed), ones equal only without wrap-around
              (a cast through int8, a product in int32 against the same in int64) or only without a write
              in between; the same random draw again (two draws, never one); fresh expressions
@@ -116,6 +118,8 @@ def render(e: Expr) -> str:
         return f"{_atom(render(e[1]))}{e[3]}"
     if kind == "full":  # ("full", value, dtype)
         return f"torch.full((B,), {e[1]}, dtype={INT_DTYPES[e[2]]})"
+    if kind == "scalar":  # ("scalar", value, dtype): 0-d, so it does not promote; converted to the other operand's dtype
+        return f"torch.full((), {e[1]}, dtype={INT_DTYPES[e[2]]})"
     if kind == "raw":  # source as is (random draws, arange)
         return e[1]
     raise ValueError(kind)
@@ -195,9 +199,10 @@ def _random_expr(c: Chooser, scope: _Scope, depth: int) -> Expr:
     if kind == "neg":
         return ("neg", a, c.pick(["op", "fn"]))
     if kind == "floordiv":
-        return ("floordiv", a, c.pick([1, 2, 3, 4, 8, 16]), c.pick(["op", "div", "mdiv", "fdiv"]))
+        # 300 and 2**32 + 3 do not fit narrow dtypes: torch divides an int8 tensor by 44, an int32 one by 3
+        return ("floordiv", a, c.pick([1, 2, 3, 4, 8, 16, 300, 2**32 + 3]), c.pick(["op", "div", "mdiv", "fdiv"]))
     if kind == "mod":
-        return ("mod", a, c.pick([2, 3, 4, 7, 16, 64, 1000]), c.pick(["op", "fn"]))
+        return ("mod", a, c.pick([2, 3, 4, 7, 16, 64, 1000, 300, 2**32 + 3]), c.pick(["op", "fn"]))
     if kind == "clamp":
         lo = c.pick([None, 0, 1, -1, 2])
         hi = c.pick([None, 5, 10, 100]) if lo is None or c.flag(0.4) else None
@@ -208,7 +213,8 @@ def _random_expr(c: Chooser, scope: _Scope, depth: int) -> Expr:
         spelling = c.pick(["method", "fn", "clip"] + (["min_only"] if hi is None and not isinstance(lo, tuple) else []) + (["max_only"] if lo is None else []))
         return ("clamp", a, lo, hi, spelling)
     if kind == "maxmin":
-        b = _random_expr(c, scope, depth - 1)
+        # a 0-d limit of a wider dtype (or out of the other's range): converted down, 2**32 - 1 is -1 to int32
+        b = ("scalar", c.pick([5, 300, 2**31, 2**32 - 1]), torch.int64) if c.flag(0.2) else _random_expr(c, scope, depth - 1)
         return ("maxmin", c.pick(["maximum", "minimum"]), a, b)
     dtype = c.pick(list(INT_DTYPES))
     return ("cast", a, dtype, c.pick(CASTS[dtype]))
@@ -217,7 +223,7 @@ def _random_expr(c: Chooser, scope: _Scope, depth: int) -> Expr:
 def _variant(c: Chooser, e: Expr, scope: _Scope, tags: list[str]) -> Expr:
     """A variant of e (same leaves): equal, equal under the true facts, or equal only without
     wrap-around or without a write in between. Applied at the root or at a subtree."""
-    if e[0] not in ("leaf", "const", "full", "raw") and c.flag(0.3):
+    if e[0] not in ("leaf", "const", "full", "scalar", "raw") and c.flag(0.3):
         # recurse into a child
         parts = list(e)
         children = [i for i, p in enumerate(parts) if isinstance(p, tuple) and p[0] not in ("const",)]
@@ -225,7 +231,7 @@ def _variant(c: Chooser, e: Expr, scope: _Scope, tags: list[str]) -> Expr:
             i = c.pick(children)
             parts[i] = _variant(c, parts[i], scope, tags)
             return tuple(parts)
-    kind = c.pick(["same", "same", "clamp_never", "clamp_never", "max_never", "addsub", "mul1", "div1", "mod_big", "roundtrip", "roundtrip_narrow", "swap", "distribute", "widen"])
+    kind = c.pick(["same", "same", "clamp_never", "clamp_never", "max_never", "addsub", "mul1", "div1", "mod_big", "roundtrip", "roundtrip_narrow", "swap", "distribute", "widen", "min_wide", "mod_wide"])
     tags.append(f"variant:{kind}")
     if kind == "same":
         return e
@@ -240,8 +246,12 @@ def _variant(c: Chooser, e: Expr, scope: _Scope, tags: list[str]) -> Expr:
         return ("bin", "mul", e, ("const", 1), c.pick(["op", "method"]))
     if kind == "div1":
         return ("floordiv", e, 1, c.pick(["op", "div", "fdiv"]))
+    if kind == "min_wide":  # never clamps an int64 below 2**32 - 1; converted to int32 or narrower the limit is -1
+        return ("maxmin", "minimum", e, ("scalar", 2**32 - 1, torch.int64))
+    if kind == "mod_wide":  # e itself for an int64 e in [0, 2**32 + 4]; an int32 e is divided by 5
+        return ("mod", e, (1 << 32) + 5, c.pick(["op", "fn"]))
     if kind == "mod_big":
-        return ("mod", e, c.pick([64, 1000, 1 << 20]), c.pick(["op", "fn"]))
+        return ("mod", e, c.pick([64, 1000, 1 << 20, (1 << 40) + 5]), c.pick(["op", "fn"]))
     if kind in ("roundtrip", "roundtrip_narrow"):
         original = _dtype_of(e, scope)
         through = c.pick([torch.int32, torch.int64]) if kind == "roundtrip" else c.pick([torch.int8, torch.int16])
