@@ -338,7 +338,42 @@ def _fold() -> str:
     return "" if torch.equal(got, want) else f"tokens differ:\n{got}\n{want}"
 
 
+def _dtensor_grad() -> str:
+    """Logits that require grad (a draft run without no_grad) gathered by DTensor's full_tensor(), whose
+    backward takes each rank's slice of the gradient: the localised gather's backward sums over the ranks,
+    and every rank got tp times eager's gradient. Refused now, with the reason; the gradient is eager's."""
+    from draftfuse.options import Options
+    from draftfuse.runtime.pipeline import prepare
+    from draftfuse.runtime.tracing import own_code
+
+    rank, full = dist.get_rank(), logits("random", dist.get_world_size())
+
+    def draft(x):
+        return torch.softmax(dtensor_full(x), -1).topk(2, -1)
+
+    def shard():
+        return full[:, rank * S : (rank + 1) * S].clone().requires_grad_()
+
+    x = shard()
+    draft(x)[0].sum().backward()
+    parsed, reports = Options.parse(None, {"softmax_topk": False, "seed_fold": False}), []
+
+    def backend(gm, example_inputs):
+        prepared = prepare(gm, parsed)
+        reports.extend(prepared.reports)
+        return prepared.graph_module.forward
+
+    got = shard()
+    values, index = torch.compile(own_code(draft), backend=backend, fullgraph=True)(got)
+    values.sum().backward()
+    report = "\n".join(str(r) for r in reports)
+    if "require grad" not in report:
+        return "expected the refusal:\n" + report
+    return "" if torch.allclose(got.grad, x.grad) else f"gradient {got.grad} vs eager {x.grad}"
+
+
 EXTRA_CASES: dict[str, Callable[[], str]] = {
+    "dtensor_full-grad": _dtensor_grad,
     "fold-chain": _fold,
     "example-draft_loop-chain": lambda: _example("chain"),
     "example-draft_loop-tree": lambda: _example("tree"),

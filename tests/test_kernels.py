@@ -421,6 +421,16 @@ def test_scale_checks():
     torch.ops.draftfuse.topk_prob(x, 2, False, torch.ones(2, 3, dtype=torch.float64))  # any float dtype
 
 
+def test_the_launcher_refuses_a_strided_last_dim():
+    """The ops fall back to torch for such logits; a direct call (tests, the benchmark, probes) read the
+    rows as runs of memory and returned other tokens without an error."""
+    kernels = _selection._triton_selection()
+    x = torch.randn(40, 6).t()  # [6, 40], strides (1, 6)
+    prob, index = torch.empty(6, 4), torch.empty(6, 4, dtype=torch.int64)
+    with pytest.raises(ValueError, match="last dim must be contiguous"):
+        kernels.launch_selection(x, 4, False, prob, index)
+
+
 def test_wide_logits_are_ranked_in_their_own_precision():
     """float64 (and integer) logits that float32 would round to a tie keep their order: the index is
     torch.argmax's, the k largest are the k largest."""

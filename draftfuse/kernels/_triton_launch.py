@@ -261,6 +261,8 @@ def launch_selection(
     more; `candidates`, a power of two >= 32, is a row's room for k > 1's candidates before the programs keep
     their own). Returns Triton's compiled kernel (its n_regs, n_spills), None for no rows."""
     rows, vocab = logits.shape
+    if vocab > 1 and logits.stride(1) != 1:  # the kernels read a row as one run of memory
+        raise ValueError(f"launch_selection: the logits' last dim must be contiguous, not of stride {logits.stride(1)}")
     if rows == 0:
         return None
     device = logits.device

@@ -11,6 +11,8 @@ spellings, casts, temperatures, k, dims and effects rules, at both levels. On to
   * effects: nothing writes the gathered tensor or any step of its reassembly between the collective
     and the softmax (softmax_topk's matcher checks the logits and the probabilities themselves), and
     nothing changes torch's global state between the collective and the selection;
+  * no gradient flows through the gathered logits (a draft run with grad enabled): the localised
+    collective's backward is not the original gather's;
   * k fits in one shard, ids fit the float payload exactly, and a padded vocabulary (a prefix slice)
     leaves rank 0's shard whole and is padded along the last dim.
 """
@@ -119,6 +121,10 @@ def match(sel: Selection, level: str, effects: Effects, half_probs: str = "rewri
         raise Refuse('reads half-precision probabilities and half_probs="keep"')
     if m.tensor_scale is not None:
         raise Refuse(f"temperature {m.tensor_scale.node.name} is a tensor: not localised (softmax_topk selects on the gathered logits)")
+    if any(getattr(fake_tensor(n), "requires_grad", False) for n in (m.logits, gather.start)):
+        # the localised gather's backward need not be the original's (DTensor's full_tensor() takes the local
+        # slice of the gradient, a gather's backward sums over the ranks: tp times eager's gradient)
+        raise Refuse("the gathered logits require grad: the localised gather's backward is not the original's")
     found = reassemble(gather, m.logits)
     if found.dim != m.dim:
         raise Refuse(f"the shards are concatenated along dim {found.dim}, the softmax is over dim {m.dim}")
