@@ -354,6 +354,24 @@ def test_values_of_probabilities_read_elsewhere_are_their_elements(k, lowering):
     assert "read elsewhere too" in "\n".join(map(str, recording.compiles[-1].reports))
 
 
+def test_values_are_gathered_when_a_refused_selection_reads_the_probabilities():
+    """A selection the pass refuses (topk(sorted=False), k > 1) reads the probabilities too: it counted as
+    a selection, so the rewritten max's value was recomputed and equalled no value of the refused topk in
+    half of the rows."""
+
+    def draft(logits):
+        probs = torch.softmax(logits.float(), -1)
+        vmax, imax = probs.max(-1)
+        vu, _ = probs.topk(4, -1, sorted=False)
+        return (vu == vmax[:, None]).sum(-1), imax
+
+    torch.manual_seed(0)
+    logits = (torch.randn(64, 4096) * 3).to(torch.bfloat16)
+    got, index = torch.compile(draft, backend=backend.Backend(Options(lowering="torch")), fullgraph=True)(logits)
+    want, want_index = draft(logits)
+    assert torch.equal(index, want_index) and int((got == 1).sum()) == int((want == 1).sum())
+
+
 @pytest.mark.parametrize("dtype", [torch.uint8, torch.int8, torch.int32])
 def test_integer_logits_under_a_negative_temperature_tensor_select_eagers_token(dtype):
     """The order under a temperature tensor is that of x * sign(t), computed in float64 for integer

@@ -230,6 +230,38 @@ def test_a_draft_method_replaced_on_an_instance_is_the_replacement():
     assert isinstance(worker.draft, DraftLoop) and worker.draft.compiles
 
 
+def test_a_late_assigned_draft_takes_a_replacement_and_a_decorated_override_keeps_one_draft():
+    """`Cls.fast = draft_loop(Cls.step)` then `w.fast = fn` before any lookup: the replacement went under an
+    empty key and was ignored. A subclass decorating its override and calling the base's through super():
+    both drafts shared one key, and each lookup threw the other's away (a compile per call)."""
+
+    class Late:
+        def step(self, h):
+            return h.argmax(-1)
+
+    Late.fast = draft_loop(Late.step)
+    late = Late()
+    late.fast = lambda h: "replacement"
+    assert late.fast(None) == "replacement"
+
+    class Sub(_KvWorker):
+        @draft_loop
+        def draft(self, h):
+            return torch.softmax(self.head(h * 2), -1).topk(2, -1)
+
+        def base_draft(self, h):
+            return super().draft(h)
+
+    worker, h = Sub(0), torch.randn(2, 8)
+    first, base = worker.draft, super(Sub, worker).draft
+    for _ in range(3):
+        got_base, got = worker.base_draft(h), worker.draft(h)
+    assert worker.draft is first and super(Sub, worker).draft is base and first is not base
+    assert len(first.compiles) == 1 and len(base.compiles) == 1
+    assert torch.equal(got_base.indices, _eager_draft(worker, h).indices)
+    assert torch.equal(got.indices, torch.softmax(worker.head(h * 2), -1).topk(2, -1).indices)
+
+
 def test_bare_and_with_arguments():
     bare = draft_loop(draft)
     configured = draft_loop(mode="default", options={"probs": "ones"}, max_compiles=2)(draft)

@@ -441,7 +441,7 @@ def test_method_compiled_under_another_name_leaves_the_original():
     torch.testing.assert_close(got[1], want[1], rtol=1e-5, atol=1e-6)
     assert "step" not in vars(worker), "the compiled alias was stored under 'step', shadowing the eager method"
     assert worker.step.__func__ is hazards.Worker.step  # still the eager method
-    assert vars(worker).get("_draftfuse_fast") is worker.fast  # the per-instance draft, stored under a private name
+    assert any(v is worker.fast for k, v in vars(worker).items() if k.startswith("_draftfuse_"))  # kept under a private name
     frames = counters["frames"]["total"]
     again = worker.step(hidden)
     assert counters["frames"]["total"] == frames, "the eager method went through Dynamo"

@@ -167,6 +167,19 @@ def test_an_empty_arange_compiles():
     _compiled_equals_eager(draft, torch.tensor([1, 2]))
 
 
+def test_an_arange_of_a_data_dependent_length_compiles():
+    """The empty-arange check read numel() == 0 of an unbacked size: a data-dependent guard error."""
+
+    def draft(pos, n):
+        m = n.item()
+        torch._check(m >= 0)
+        torch._check(m < 100)
+        return pos + 1, torch.arange(m) + pos.max()
+
+    with torch._dynamo.config.patch(capture_scalar_outputs=True):
+        _compiled_equals_eager(draft, torch.tensor([1, 2]), torch.tensor(3))
+
+
 def test_shape_env_ranges_prove_clamps_of_symbolic_sizes():
     def seed(tokens, keys):
         position = torch.full_like(tokens, keys.size(1) - 1)

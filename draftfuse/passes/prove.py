@@ -41,7 +41,7 @@ import sympy
 import torch
 from torch.fx.experimental.symbolic_shapes import statically_known_true
 from torch.utils._sympy.functions import FloorDiv, Max, Min, PythonMod
-from torch.utils._sympy.value_ranges import ValueRanges, bound_sympy
+from torch.utils._sympy.value_ranges import ValueRangeError, ValueRanges, bound_sympy
 
 from draftfuse.graph.selection import as_selection
 from draftfuse.graph.values import Node, fake, fake_tensor, is_integer, same_sizes
@@ -121,17 +121,14 @@ class Expressions:
         return self._leaf(node, value.dtype) if expr is None else expr
 
     def exact(self, arg: Any, within: torch.dtype | None = None) -> bool:
-        """Whether `arg`'s expression provably fits its dtype (no value wrapped around), and the dtype
-        `within` if given (the result's, which an operand is converted to)."""
+        """Whether `arg`'s expression provably fits its dtype (no value wrapped around), and, for a tensor,
+        the dtype `within` if given (the result's, which a tensor operand is converted to; a Python int or
+        size that does not fit a clamp's dtype makes torch raise, not wrap)."""
         value = fake(arg)
         if not isinstance(arg, Node) or isinstance(value, torch.SymInt):
-            if within is None:
-                return True  # a Python int or a constant, a size: what they are
-            expr = self._scalar(arg)
-        else:
-            expr = self.of(arg)
-        found = bound(expr, self.ranges) if expr is not None else None
-        dtypes = [d for d in (getattr(value, "dtype", None), within) if d is not None]
+            return True  # a Python int or a constant, a size: what they are
+        found = bound(self.of(arg), self.ranges) if self.of(arg) is not None else None
+        dtypes = [value.dtype] + ([within] if within is not None else [])
         return found is not None and all(found.issubset(dtype_range(d)) for d in dtypes)
 
     def _leaf(self, node: Node, dtype: torch.dtype) -> sympy.Symbol:
@@ -182,10 +179,11 @@ class Expressions:
         if low is None or high is None:
             return None
         value = fake(node)
-        if value is None or value.numel() == 0:
-            return None  # an empty arange: no value to bound (and no range [start, start - 1])
-        found = ValueRanges(low.lower, high.upper)
-        return found if found.issubset(dtype_range(value.dtype)) else None
+        try:
+            found = ValueRanges(low.lower, high.upper)
+        except ValueRangeError:  # an empty arange: [start, start - 1], no value to bound
+            return None
+        return found if value is not None and found.issubset(dtype_range(value.dtype)) else None
 
     def _scalar(self, arg: Any) -> sympy.Expr | None:
         if isinstance(arg, bool):
@@ -227,13 +225,13 @@ class Expressions:
                 undecided = True  # the decision needs true values, and one may have wrapped (or will, converted)
             return exprs
 
-        expr = self._decision_or_ring(target, args, kwargs, operands)
+        expr = self._decision_or_ring(target, args, kwargs, operands, value.dtype)
         if undecided:
             self.undecided[node] = expr  # what it would be: kept for the report, not used in proofs
             return None
         return expr
 
-    def _decision_or_ring(self, target: Any, args: list, kwargs: dict, operands: Any) -> sympy.Expr | None:
+    def _decision_or_ring(self, target: Any, args: list, kwargs: dict, operands: Any, dtype: torch.dtype) -> sympy.Expr | None:
 
         if target in _ADD | _SUB and len(args) == 2 and set(kwargs) <= {"alpha"}:
             alpha = kwargs.get("alpha", 1)
@@ -269,8 +267,9 @@ class Expressions:
             divisor = args[1] if len(args) == 2 else None
             if not isinstance(divisor, int) or isinstance(divisor, bool) or divisor <= 0:
                 return None  # a positive constant divisor: then torch's floor and modulo are sympy's
-            ops = operands(args[0], divisor, decides=True)  # the divisor too must fit the dtype (uint8 % 300 is % 44)
-            ops = ops if ops is None else ops[:1]
+            if not ValueRanges(divisor, divisor).issubset(dtype_range(dtype)):
+                return None  # torch converts it to the dtype first: uint8 % 300 is % 44
+            ops = operands(args[0], decides=True)
             return None if ops is None else (FloorDiv(ops[0], divisor) if floor else PythonMod(ops[0], divisor))
         if target in (prims.convert_element_type.default, aten._to_copy.default) and isinstance(args[0], Node):
             if kwargs.keys() - {"dtype"} or not is_integer(fake(args[0])):

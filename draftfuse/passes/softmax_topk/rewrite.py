@@ -17,6 +17,7 @@ their max, `probs == probs.max(-1, keepdim=True).values`, would then find no max
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 
 import torch
 from torch._dynamo.utils import counters
@@ -64,14 +65,15 @@ def _replay_casts(m: Match, emit: Emitter, value: Node) -> Node:
     return value
 
 
-def read_elsewhere(probs: Node) -> bool:
-    """Whether anything but selections (directly or through casts) reads the probabilities."""
+def read_elsewhere(probs: Node, rewritten: Callable[[Selection], bool]) -> bool:
+    """Whether anything but selections this pass rewrites (directly or through casts) reads the
+    probabilities: a selection it refuses reads them too."""
     frontier = list(probs.users)
     while frontier:
         user = frontier.pop()
         if as_cast(user) is not None:
             frontier.extend(user.users)
-        elif as_selection(user) is None:
+        elif (sel := as_selection(user)) is None or not rewritten(sel):
             return True
     return False
 
@@ -244,15 +246,24 @@ def rewrite_graph(graph: torch.fx.Graph, *, probs: str = "exact", lowering: str 
     emitter_cls = AtenEmitter if level == "aten" else TorchEmitter
     parts_by_softmax: dict[Node, SoftmaxParts] = {}  # selections of one softmax share its emitted parts
 
+    last_effects: list[Effects] = []  # of the graph as the selection being applied was matched on
+
     def match_one(sel: Selection, effects: Effects) -> Match | None:
+        last_effects[:] = [effects]
         m = match(sel, level, effects)
         if m is not None and m.half and half_probs == "keep":
             raise Refuse(f'reads {str(m.read_dtype).removeprefix("torch.")} probabilities and half_probs="keep"')
         return m
 
+    def rewritten(sel: Selection) -> bool:
+        try:
+            return match_one(sel, last_effects[0]) is not None
+        except Exception:  # Refuse, or anything a sibling's match raises: counted as a reader (values gathered)
+            return False
+
     def apply(sel: Selection, m: Match, erased: set[Node]) -> Rewrite:
         parts = parts_by_softmax.get(m.softmax.node) or SoftmaxParts(
-            emitter_cls(origin=sel.node, cursor=m.softmax.node), m.softmax, read_elsewhere(m.softmax.node)
+            emitter_cls(origin=sel.node, cursor=m.softmax.node), m.softmax, read_elsewhere(m.softmax.node, rewritten)
         )
         parts.emit.origin = sel.node
         start = parts.emit.cursor
