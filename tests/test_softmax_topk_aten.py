@@ -81,25 +81,24 @@ class GraphModule(torch.nn.Module):
     def forward(self, arg0_1: "f32[4, 64]"):
         amax: "f32[4, 1]" = torch.ops.aten.amax.default(arg0_1, [-1], True)
         sub: "f32[4, 64]" = torch.ops.aten.sub.Tensor(arg0_1, amax);  amax = None
-        exp: "f32[4, 64]" = torch.ops.aten.exp.default(sub)
+        exp: "f32[4, 64]" = torch.ops.aten.exp.default(sub);  sub = None
         sum_1: "f32[4, 1]" = torch.ops.aten.sum.dim_IntList(exp, [-1], True)
-        div: "f32[4, 64]" = torch.ops.aten.div.Tensor(exp, sum_1);  exp = None
+        div: "f32[4, 64]" = torch.ops.aten.div.Tensor(exp, sum_1);  exp = sum_1 = None
 
         argmax_default: "i64[4, 1]" = torch.ops.aten.argmax.default(arg0_1, 1, True)
-        reciprocal_default: "f32[4, 1]" = torch.ops.aten.reciprocal.default(sum_1)
+        gather_default: "f32[4, 1]" = torch.ops.aten.gather.default(div, 1, argmax_default)
 
         argmax_default_1: "i64[4]" = torch.ops.aten.argmax.default(arg0_1, 1, False)
-        reciprocal_default_1: "f32[4, 1]" = torch.ops.aten.reciprocal.default(sum_1)
-        squeeze_dim: "f32[4]" = torch.ops.aten.squeeze.dim(reciprocal_default_1, 1);  reciprocal_default_1 = None
+        unsqueeze_default: "i64[4, 1]" = torch.ops.aten.unsqueeze.default(argmax_default_1, 1)
+        gather_default_1: "f32[4, 1]" = torch.ops.aten.gather.default(div, 1, unsqueeze_default);  unsqueeze_default = None
+        squeeze_dim: "f32[4]" = torch.ops.aten.squeeze.dim(gather_default_1, 1);  gather_default_1 = None
 
         topk_default = torch.ops.aten.topk.default(arg0_1, 4, 1, True, True);  arg0_1 = None
         getitem_6: "i64[4, 4]" = topk_default[1];  topk_default = None
-        gather_default: "f32[4, 4]" = torch.ops.aten.gather.default(sub, 1, getitem_6);  sub = None
-        exp_default: "f32[4, 4]" = torch.ops.aten.exp.default(gather_default);  gather_default = None
-        div_tensor: "f32[4, 4]" = torch.ops.aten.div.Tensor(exp_default, sum_1);  exp_default = sum_1 = None
+        gather_default_2: "f32[4, 4]" = torch.ops.aten.gather.default(div, 1, getitem_6)
 
         argmin: "i64[4]" = torch.ops.aten.argmin.default(div, -1);  div = None
-        return (reciprocal_default, argmax_default, squeeze_dim, argmax_default_1, argmin, div_tensor, getitem_6)
+        return (gather_default, argmax_default, squeeze_dim, argmax_default_1, argmin, gather_default_2, getitem_6)
 """)
 
     def test_bf16_temperature_and_log_softmax(self):
