@@ -127,7 +127,8 @@ class Expressions:
         value = fake(arg)
         if not isinstance(arg, Node) or isinstance(value, torch.SymInt):
             return True  # a Python int or a constant, a size: what they are
-        found = bound(self.of(arg), self.ranges) if self.of(arg) is not None else None
+        expr = self.of(arg)
+        found = bound(expr, self.ranges) if expr is not None else None
         dtypes = [value.dtype] + ([within] if within is not None else [])
         return found is not None and all(found.issubset(dtype_range(d)) for d in dtypes)
 

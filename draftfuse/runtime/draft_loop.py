@@ -97,10 +97,9 @@ class DraftLoop:
         self._instance = instance
         self._attribute: str | None = None  # the class attribute this draft was assigned to
         self._keys = ("", "")  # where an instance's __dict__ keeps its draft, and a replacement assigned to it
-        # for instances without __dict__, by identity (not by their __eq__: equal workers are distinct):
-        # id -> (a reference to the instance, its draft)
-        self._bound: dict[int, tuple[Callable[[], Any], DraftLoop]] = {}
-        self._names_itself: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # class -> resolves the name to this
+        # for instances without __dict__, by identity (not by their __eq__: equal workers are distinct); held
+        # for good, the instance with them (its draft refers to it)
+        self._bound: dict[int, DraftLoop] = {}
         self._span = f"draftfuse.draft:{getattr(fn, '__qualname__', repr(fn))}"
         self._code_fn = own_code(fn)  # Dynamo's cache for this draft lives on this copy's code
         self._compiled = torch.compile(self._code_fn, fullgraph=True, dynamic=dynamic, backend=_weak_backend(self))
@@ -141,12 +140,13 @@ class DraftLoop:
         key, set_key = self._keys
         store = getattr(instance, "__dict__", None)
         if store is not None:
-            if set_key in store and self._names(type(instance), name):
+            # a replacement assigned to the name stands for this draft only where the class resolves the
+            # name to it (not for super() past a subclass's override)
+            if set_key in store and inspect.getattr_static(type(instance), name, None) is self:
                 return store[set_key]
             bound = store.get(key)
         else:
-            ref, bound = self._bound.get(id(instance), (None, None))
-            bound = bound if ref is not None and ref() is instance else None
+            bound = self._bound.get(id(instance))
         if isinstance(bound, DraftLoop) and bound._instance is instance and bound._fn is self._fn:
             return bound
         bound = DraftLoop(
@@ -155,12 +155,7 @@ class DraftLoop:
         if store is not None:
             store[key] = bound
         else:
-            where = id(instance)
-            try:
-                ref = weakref.ref(instance, lambda _, bound_map=self._bound, where=where: bound_map.pop(where, None))
-            except TypeError:  # __slots__ without __weakref__: held (with the instance) for good
-                ref = lambda instance=instance: instance  # noqa: E731
-            self._bound[where] = (ref, bound)
+            self._bound[id(instance)] = bound
         return bound
 
     def __set__(self, instance: Any, value: Any) -> None:
@@ -178,14 +173,6 @@ class DraftLoop:
         store = getattr(instance, "__dict__", None)
         if store is None or (store.pop(self._keys[1], _UNSET) is _UNSET and store.pop(self._keys[0], _UNSET) is _UNSET):
             raise AttributeError(name)
-
-    def _names(self, cls: type, name: str) -> bool:
-        """Whether `cls` resolves `name` to this draft (no subclass overrides it): only then does a
-        replacement assigned to the name stand for it."""
-        found = self._names_itself.get(cls)
-        if found is None:
-            found = self._names_itself[cls] = inspect.getattr_static(cls, name, None) is self
-        return found
 
     # ---- the call ----
 

@@ -154,10 +154,11 @@ class GraphRecorder:
         copy the sources into them (one launch). Sources read anywhere but in place are first checked not to
         overlap an input the region writes (its overlap check, when it writes inputs; held inputs were
         checked when recorded), whether the call came through Dynamo or the fast path."""
-        if self.check_overlap is not None and not (in_place or self.reads_in_place(sources)):
+        in_place = in_place or self.reads_in_place(sources)
+        if self.check_overlap is not None and not in_place:
             self.check_overlap(sources, [index for index, _ in self.copies])
         if self.in_place:
-            if in_place or self.reads_in_place(sources):
+            if in_place:
                 return
             self.in_place = False
             self._capture(self._inputs_with(sources))

@@ -168,6 +168,14 @@ class Match:
     def log(self) -> bool:
         return self.softmax.log
 
+    @property
+    def needs_grad(self) -> bool:
+        """Whether autograd records the probabilities (a draft run with grad enabled, through the logits or a
+        temperature tensor): the kernels have no backward, constant values would detach them from it, and a
+        localised gather's backward is not the original's."""
+        sources = [self.selection.input, self.logits] + ([self.tensor_scale.node] if self.tensor_scale is not None else [])
+        return any(getattr(fake_tensor(node), "requires_grad", False) for node in sources)
+
 
 def _peel_casts_after_softmax(sel: Selection) -> tuple[Node, list[torch.dtype], list[Node]]:
     """Walk from the selection's input back through float casts: (node, casts in order, cast nodes)."""

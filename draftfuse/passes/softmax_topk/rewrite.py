@@ -43,17 +43,10 @@ def _has_static_shape(node: Node) -> bool:
     return value is not None and all(isinstance(size, int) for size in value.shape)
 
 
-def _needs_grad(m: Match) -> bool:
-    """Whether autograd records the probabilities (a draft run with grad enabled, through the logits or a
-    temperature tensor): the kernels have no backward, and constant values would detach them from it."""
-    sources = [m.selection.input, m.logits] + ([m.tensor_scale.node] if m.tensor_scale is not None else [])
-    return any(getattr(fake_tensor(node), "requires_grad", False) for node in sources)
-
-
 def _ones(m: Match, index_keepdim: Node, probs: str) -> bool:
     """Whether the k = 1 values are the constant probs="ones" asks for: with static shapes (ATen's full
     needs them) and where no gradient flows through them (else the exact values, as the report says)."""
-    return m.k == 1 and probs == "ones" and _has_static_shape(index_keepdim) and not _needs_grad(m)
+    return m.k == 1 and probs == "ones" and _has_static_shape(index_keepdim) and not m.needs_grad
 
 
 def _replay_casts(m: Match, emit: Emitter, value: Node) -> Node:
@@ -96,7 +89,7 @@ def _values(m: Match, parts: SoftmaxParts, index_keepdim: Node, ones: bool, dim_
     if ones:
         # greedy chains that never read the probabilities: the constant the caller asked for
         value = emit.call("zeros_like" if m.log else "ones_like", index_keepdim, m.prob_dtype)
-    elif m.k == 1 and not _needs_grad(m):
+    elif m.k == 1 and not m.needs_grad:
         # the row maximum of z = s - max(s) is exactly 0 and exp(0) = 1, so p_max = 1 / sum(exp(z)). With
         # grad, z at the index (the same 0) below: max's backward would split a tie's gradient, eager's
         # routes it to the index picked
@@ -131,7 +124,7 @@ def _kernel_choice(m: Match, wants_values: bool, lowering: str) -> tuple[bool, s
     logits = fake_tensor(m.logits)
     reasons = [
         (m.dim != logits.dim() - 1, "the kernels reduce the last dim"),
-        (_needs_grad(m), "the probabilities require grad (the kernels have no backward)"),
+        (m.needs_grad, "the probabilities require grad (the kernels have no backward)"),
         (m.tensor_scale is not None and _scale_rows_shape(m) is None, "the temperature is not one value per row of the logits"),
         # the kernels' probabilities are softmax(x * scale): a constant temperature is not passed to them
         (wants_values and m.factor != 1.0, "values under a constant temperature"),

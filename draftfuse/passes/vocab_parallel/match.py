@@ -121,7 +121,7 @@ def match(sel: Selection, level: str, effects: Effects, half_probs: str = "rewri
         raise Refuse('reads half-precision probabilities and half_probs="keep"')
     if m.tensor_scale is not None:
         raise Refuse(f"temperature {m.tensor_scale.node.name} is a tensor: not localised (softmax_topk selects on the gathered logits)")
-    if any(getattr(fake_tensor(n), "requires_grad", False) for n in (m.logits, gather.start)):
+    if m.needs_grad:
         # the localised gather's backward need not be the original's (DTensor's full_tensor() takes the local
         # slice of the gradient, a gather's backward sums over the ranks: tp times eager's gradient)
         raise Refuse("the gathered logits require grad: the localised gather's backward is not the original's")
