@@ -123,6 +123,48 @@ def test_a_change_that_would_make_the_recording_wrong_goes_through_dynamo(change
         check_same(compiled, head, hidden, cache, position)
 
 
+class _Activated(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.lin = nn.Linear(8, 16)
+
+    def act(self, x):
+        return torch.tanh(x)
+
+    def forward(self, x):
+        return self.act(self.lin(x))
+
+
+def _activated_draft(head, x):
+    logits = head(x)
+    return torch.softmax(logits, -1).argmax(-1), logits
+
+
+def test_after_dynamo_reset_a_draft_compiles_again_and_frees_its_recordings(monkeypatch):
+    """torch._dynamo.reset() is how a draft sees what Dynamo does not guard (a method patched on the class).
+    The Replays kept their guard managers, whose guards still passed after the reset: the draft replayed the
+    old method, and held its recordings (on CUDA their graphs and pools) for good."""
+    import gc
+    import weakref
+
+    torch.manual_seed(0)
+    head, x = _Activated().requires_grad_(False), torch.randn(3, 8)
+    compiled = draftfuse.draft_loop(_activated_draft)
+    for _ in range(3):
+        compiled(head, x)
+    assert compiled._replays
+    recorded = weakref.ref(compiled._recorders[0][0])
+    monkeypatch.setattr(_Activated, "act", lambda self, x: x * 100.0)
+    torch._dynamo.reset()
+    for _ in range(3):  # compiled anew, then recorded and replayed
+        got, want = compiled(head, x), _activated_draft(head, x)
+        assert torch.equal(got[0], want[0]) and torch.allclose(got[1], want[1])
+    assert len(compiled.compiles) == 2 and compiled._replays
+    gc.collect()
+    assert recorded() is None, "the recordings of the reset compile are freed (at the draft's next call)"
+    assert len(compiled._recorders) == 1
+
+
 class Stack(nn.Module):
     """Layers in a ModuleList, each with a KV cache buffer it writes: Dynamo guards these through its
     dict entries (the identity guards draftfuse adds must reach them)."""

@@ -109,7 +109,9 @@ class DraftLoop:
         self.compiles: list[CompileRecord] = []  # one per Dynamo graph compiled for this draft
         self._bind = binder(fn, self._code_fn)
         self._replays: list[Replay] = []  # recorded calls that run without Dynamo (replay.py)
-        self._recorders: list[tuple[GraphRecorder, list[torch.fx.Node]]] = []  # with the graph's placeholders
+        # each compiled region's recorder, with the graph's placeholders; held weakly: Dynamo's cache entry holds
+        # the region, and torch._dynamo.reset() (or an evicted entry) frees it with its CUDA graphs
+        self._recorder_refs: list[tuple[weakref.ref[GraphRecorder], list[torch.fx.Node]]] = []
         self._signatures: list[dict[str, str]] = []  # the arguments that led to each compile
         self._current_call: tuple[tuple, dict] | None = None
         self._warned_cpu = self._warn_cpu = False
@@ -243,6 +245,13 @@ class DraftLoop:
             leaves[i] = leaves[i].detach()
         return tree_unflatten(leaves, spec)
 
+    @property
+    def _recorders(self) -> list[tuple[GraphRecorder, list[torch.fx.Node]]]:
+        live = [(r, p) for ref, p in self._recorder_refs if (r := ref()) is not None]
+        if len(live) < len(self._recorder_refs):
+            self._recorder_refs = [(weakref.ref(r), p) for r, p in live]
+        return live
+
     def _last_inputs(self) -> list[Any]:
         return [v for recorder, _ in self._recorders for v in recorder.last_call_inputs]
 
@@ -337,7 +346,7 @@ class DraftLoop:
         # read where they are: weights, buffers and written inputs (a plain tensor attribute is read per call)
         static = [checks.is_static(p) and (i in written_at or checks.is_parameter_or_buffer(p)) for i, p in enumerate(placeholders)]
         recorder = GraphRecorder(compiled, static, written_at, device, spares=0 if self._zero_copy else options.spare_recordings)
-        self._recorders.append((recorder, placeholders))
+        self._recorder_refs.append((weakref.ref(recorder), placeholders))
         return _translating_capture_errors(recorder)
 
     def _check_recompiles(self) -> None:

@@ -224,7 +224,9 @@ class Replay:
 
     @property
     def stale(self) -> bool:
-        return self.generation != self.recorder.generation
+        """Recorded again since (a weight moved), or its cache entry is gone: torch._dynamo.reset(), or an
+        entry Dynamo dropped (its guard manager then belongs to no entry, and its guards alone still pass)."""
+        return self.generation != self.recorder.generation or self.guard.cache_entry is None
 
     @classmethod
     def build(cls, entry: Any, recorder: GraphRecorder, placeholders: list[Any], f_locals: dict[str, Any], output: Any) -> Replay | None:
@@ -308,7 +310,7 @@ class Replay:
     def matches(self, f_locals: dict[str, Any], explain: bool = False) -> bool:
         """Whether this recording may run the call; with `explain`, the reason it may not is logged."""
         if self.stale:
-            return False  # recorded again since (a weight moved)
+            return False
         try:
             if not self.guard.check(f_locals):
                 if explain:
