@@ -180,6 +180,48 @@ def test_a_copied_worker_drafts_with_its_own_weights_and_cache():
     assert clone.draft is not original.draft and clone.draft is clone.draft
 
 
+class _KvModule(torch.nn.Module):
+    """A worker that is an nn.Module (deep-copied and pickled as modules are), writing its own KV buffer."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.head = torch.nn.Linear(8, 16).requires_grad_(False)
+        self.register_buffer("kv", torch.zeros(4, 16))
+
+    @draft_loop
+    def draft(self, h):
+        logits = self.head(h)
+        self.kv[0] = logits[0]
+        return torch.softmax(logits, -1).argmax(-1), logits
+
+
+@pytest.mark.parametrize("calls", [0, 1, 3])
+@pytest.mark.parametrize("how", ["deepcopy", "pickle"])
+def test_a_deep_copied_or_pickled_worker_drafts_with_its_own_weights_and_cache(calls, how):
+    """copy.deepcopy of a worker whose draft was looked up gave the copy a draft sharing the original's code
+    cache and backend: the copy compiled into the original's draft, and the original's next call raised about its
+    own KV cache. Once the draft had been called, deepcopy and pickling raised (guard managers, fake tensors)."""
+    import copy
+    import pickle
+
+    original, h = _KvModule(), torch.randn(2, 8, generator=torch.Generator().manual_seed(1))
+    original.draft  # noqa: B018 (looked up: the bound draft is in the instance's __dict__)
+    for _ in range(calls):
+        original.draft(h)
+    clone = copy.deepcopy(original) if how == "deepcopy" else pickle.loads(pickle.dumps(original))
+    with torch.no_grad():
+        clone.head.weight.mul_(-3)
+    for worker in (clone, clone, original, clone, original):
+        before = worker.kv.clone()
+        got = worker.draft(h)
+        with torch.no_grad():
+            want = worker.head(h)
+        assert torch.equal(got[0], want.argmax(-1)) and torch.allclose(got[1], want)
+        assert torch.allclose(worker.kv[0], want[0]) and torch.equal(worker.kv[1:], before[1:])
+    assert clone.draft is not original.draft and clone.draft._instance is clone
+    assert copy.copy(draft_loop(_eager_draft)) is not None and pickle.loads(pickle.dumps(_KvModule.draft)) is _KvModule.draft
+
+
 def test_equal_slotted_workers_each_get_their_own_draft():
     """Workers without __dict__ were looked up by their __eq__ and __hash__: two dataclass workers equal
     but for a KV cache field left out of the comparison shared one draft (the first one's cache written)."""

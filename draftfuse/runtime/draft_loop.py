@@ -44,6 +44,7 @@ the draft was assigned to in the class (`Cls.fast = draft_loop(Cls.step)` stores
 from __future__ import annotations
 
 import contextlib
+import copy
 import functools
 import inspect
 import logging
@@ -175,6 +176,25 @@ class DraftLoop:
         store = getattr(instance, "__dict__", None)
         if store is None or (store.pop(self._keys[1], _UNSET) is _UNSET and store.pop(self._keys[0], _UNSET) is _UNSET):
             raise AttributeError(name)
+
+    def __deepcopy__(self, memo: dict) -> DraftLoop:
+        """copy.deepcopy of a worker: the copy's draft is its own, compiled afresh on its first call (a deep copy
+        of the compiled state would share the original's code cache and backend); an unbound draft is itself,
+        as a function is."""
+        if self._instance is None:
+            return self
+        settings = dict(options=self._options, zero_copy_outputs=self._zero_copy, dynamic=self._dynamic, max_compiles=self._max_compiles)
+        return DraftLoop(self._fn, instance=copy.deepcopy(self._instance, memo), **settings)
+
+    def __copy__(self) -> DraftLoop:
+        return self  # as for a function (copy.copy of a worker shares its __dict__'s values; __get__ tells them apart)
+
+    def __reduce__(self) -> Any:
+        """Pickling a worker (torch.save) leaves its draft out: the loaded worker makes its own on first lookup.
+        An unbound draft pickles by its module and name, as a function does."""
+        if self._instance is None:
+            return self.__qualname__
+        return _no_draft, ()
 
     # ---- the call ----
 
@@ -374,6 +394,11 @@ class DraftLoop:
         except (TypeError, ValueError):
             return {}
         return {name: checks.describe_value(value) for name, value in bound.arguments.items()}
+
+
+def _no_draft() -> None:
+    """What a pickled worker's draft loads as: nothing, so that its first lookup makes one."""
+    return None
 
 
 def _weak_backend(loop: DraftLoop) -> Callable[..., Any]:
