@@ -146,13 +146,16 @@ def _compiled_equals_eager(draft, *args):
 
 def test_operands_converted_to_a_narrower_result_dtype_decide_nothing():
     """torch converts every operand to the result's dtype: a 0-d int64 limit of 2**32 - 1 is -1 to an int32
-    tensor, a divisor of 2**32 + 3 is 3, and 300 is 44 to a uint8 tensor. The proofs used the unconverted
-    values and merged minimum(x, limit) into x, slot % (2**32 + 3) into slot and b % 300 into b."""
+    tensor, a divisor of 2**32 + 3 is 3, and 300 is 44 to a uint8 tensor, a clamp bound of -1 is 255. The proofs
+    used the unconverted values and merged minimum(x, limit) into x, slot % (2**32 + 3) into slot, b % 300 and
+    b.clamp(min=-1) into b."""
 
     def draft(x, b):
         slot = torch.arange(4, dtype=torch.int32)
         limited = torch.minimum(x, torch.full((), 2**32 - 1, dtype=torch.int64))
-        return limited * 2, slot % (2**32 + 3) + x, b % 300 + 1, torch.div(b, 300, rounding_mode="floor") + 1
+        # a negative Python bound is converted too (no error for an unsigned dtype): uint8 clamp(min=-1) is 255
+        floor = b.clamp(min=-1).long() + b
+        return limited * 2, slot % (2**32 + 3) + x, b % 300 + 1, torch.div(b, 300, rounding_mode="floor") + 1, floor
 
     _compiled_equals_eager(draft, torch.tensor([3, 5, 7, 9], dtype=torch.int32), torch.tensor([50, 200], dtype=torch.uint8))
 

@@ -121,12 +121,14 @@ class Expressions:
         return self._leaf(node, value.dtype) if expr is None else expr
 
     def exact(self, arg: Any, within: torch.dtype | None = None) -> bool:
-        """Whether `arg`'s expression provably fits its dtype (no value wrapped around), and, for a tensor,
-        the dtype `within` if given (the result's, which a tensor operand is converted to; a Python int or
-        size that does not fit a clamp's dtype makes torch raise, not wrap)."""
+        """Whether `arg`'s expression provably fits its dtype (no value wrapped around) and the dtype `within`
+        if given: the result's, which torch converts a tensor operand or a Python int to (a clamp bound of -1 is
+        255 to uint8; a size that does not fit makes torch raise)."""
+        if isinstance(arg, int) and within is not None:
+            return ValueRanges(arg, arg).issubset(dtype_range(within))
         value = fake(arg)
         if not isinstance(arg, Node) or isinstance(value, torch.SymInt):
-            return True  # a Python int or a constant, a size: what they are
+            return True  # a constant, or a size: what it is (torch raises where one does not fit the dtype)
         expr = self.of(arg)
         found = bound(expr, self.ranges) if expr is not None else None
         dtypes = [value.dtype] + ([within] if within is not None else [])
