@@ -232,3 +232,51 @@ def test_a_seed_default_replaced_after_fold_is_read_per_call():
             torch.testing.assert_close(draft(logits), _top2(*_scaled_seed(logits)), rtol=0, atol=0)
     finally:
         _scaled_seed.__defaults__ = saved
+
+
+_HEAD = torch.randn(H, V, generator=torch.Generator().manual_seed(3))
+
+
+def _reversed_seed(hidden):
+    buffer, index = torch.zeros(hidden.shape[0], H), torch.arange(hidden.shape[0])
+    index.copy_(index.flip(0))  # a permutation now: the index_copy_ reverses the rows
+    buffer.index_copy_(0, index, hidden)
+    return buffer, (buffer @ _HEAD).softmax(-1).topk(1).indices
+
+
+def _steps_of(hidden, token):
+    drafted = [token]
+    for _ in range(2):
+        hidden = hidden + 1
+        drafted.append((hidden @ _HEAD).softmax(-1).topk(1).indices)
+    return hidden, torch.cat(drafted, 1)
+
+
+def _fills_static_hidden(hidden, static_hidden):
+    static_hidden.copy_(torch.tanh(hidden))  # a server's write of the captured loop's static input
+    return (static_hidden,)
+
+
+def _returns_static_hidden(static_hidden):
+    drafted = [(static_hidden * 0.5**i @ _HEAD).softmax(-1).topk(1).indices for i in range(2)]
+    return static_hidden, torch.cat(drafted, 1)  # the buffer itself, which the caller then reads
+
+
+@pytest.mark.parametrize("case", ["index written after its arange", "returned caller buffer"])
+def test_a_fill_is_forwarded_only_where_its_buffer_is_the_copy_and_unread_after(case):
+    """Two fills the seed fold took for plain copies: an index_copy_ whose arange index had been written
+    (idx.copy_(idx.flip(0)): the loop then read the rows unreversed), and, with drop_buffer_writes=True, the
+    caller's buffer the draft returns (the write was dropped: the caller read zeros, not the seed's values)."""
+    if case == "index written after its arange":
+        seed, loop, args, options = _reversed_seed, _steps_of, (torch.randn(3, H),), {}
+    else:
+        seed, loop, args, options = _fills_static_hidden, _returns_static_hidden, (torch.randn(3, H), torch.zeros(3, H)), {"drop_buffer_writes": True}
+    eager_args = [a.clone() for a in args]
+    want = loop(*seed(*eager_args))
+    got = fold(seed, loop, **options)(*args)
+    for g, w in zip(got, want):
+        torch.testing.assert_close(g, w)
+    for g, w in zip(args, eager_args):
+        torch.testing.assert_close(g, w)
+    if case == "returned caller buffer":
+        assert got[0] is args[1], "the returned buffer is the caller's tensor"

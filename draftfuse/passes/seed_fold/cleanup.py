@@ -188,9 +188,10 @@ def _same_layout(a: torch.Tensor, b: torch.Tensor) -> bool:
     return same_place and same_sizes(a.shape, b.shape) and same_sizes(a.stride(), b.stride())
 
 
-def _full_fill(node: Node) -> tuple[Node, Node] | None:
+def _full_fill(node: Node, effects: Effects) -> tuple[Node, Node] | None:
     """(buffer, source) if `node` overwrites every element of a tensor from a tensor of the same shape:
-    copy_, buf[:] = src / buf[...] = src, or index_copy_ along a dim with arange(size of that dim)."""
+    copy_, buf[:] = src / buf[...] = src, or index_copy_ along a dim with arange(size of that dim), an arange
+    nothing wrote since (idx.copy_(idx.flip(0)) makes it a permutation)."""
     if node.op == "call_method" and node.target == "copy_" and len(node.args) >= 2 and not node.kwargs:
         buffer, source = node.args[:2]
     elif node.op == "call_function" and node.target is operator.setitem:
@@ -200,7 +201,7 @@ def _full_fill(node: Node) -> tuple[Node, Node] | None:
             return None
     elif node.op == "call_method" and node.target == "index_copy_" and len(node.args) == 4:
         buffer, dim, index, source = node.args
-        if not _is_full_arange(index, fake_tensor(buffer), dim):
+        if not _is_full_arange(index, fake_tensor(buffer), dim) or effects.writers([index], index, node):
             return None
     else:
         return None
@@ -238,7 +239,7 @@ def forward_buffers(graph: torch.fx.Graph, effects: Effects, regions: Regions, r
     """`buf = zeros(...); buf.copy_(src)`: readers of buf after the fill read src (see why_not_forward)."""
     changed = False
     for fill in list(graph.nodes):
-        found = _full_fill(fill) if _alive(fill) and fill in effects.order else None
+        found = _full_fill(fill, effects) if _alive(fill) and fill in effects.order else None
         if found is None:
             continue
         buffer, source = found
@@ -311,6 +312,8 @@ def why_not_forward(effects: Effects, buffer: Node, source: Node, fill: Node, ca
         return f"{buffer.name} is written again later"
     if effects.writers([source], fill):
         return f"{source.name} is written after the fill, so the buffer keeps its old values"
+    if caller_buffer and effects.memory(buffer) & effects.returned_memory():
+        return f"{buffer.name} is returned: the caller reads it after the draft"
     if effects.would_alias(buffer, source):
         return f"{buffer.name} is returned and {source.name} is an input or an output: they would share memory"
     return None
