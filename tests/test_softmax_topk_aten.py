@@ -28,11 +28,16 @@ class _Recording(PostGradPass):
         return self.reports[-1]
 
 
-def compile_with_pass(fn, *args, **options):
+def compiled_with_pass(fn, *args, **options):
+    """(the pass's recording, the compiled call's output)."""
     recording = _Recording(Options.parse(options={"seed_fold": False, "lowering": "torch", **options}))
     torch._dynamo.reset()
     with inductor_config.patch(post_grad_custom_pre_pass=recording, fx_graph_cache=False):
-        out = torch.compile(fn, fullgraph=True)(*args)
+        return recording, torch.compile(fn, fullgraph=True)(*args)
+
+
+def compile_with_pass(fn, *args, **options):
+    recording, out = compiled_with_pass(fn, *args, **options)
     for got, want in zip(torch.utils._pytree.tree_leaves(out), torch.utils._pytree.tree_leaves(fn(*args))):
         if not want.dtype.is_floating_point:
             assert torch.equal(got, want), (got, want)
@@ -332,3 +337,44 @@ class AtenRecognisers(TestCase):
             return p, q.argmax(-1)
 
         self.check_not_rewritten(f, torch.tensor(1.5), torch.randn(6, 6))
+
+    def test_a_subtraction_with_alpha_is_no_max_subtracted_softmax(self):
+        """aten.sub.Tensor's alpha was not read: x - 2 * amax(x) passed for x - amax(x), whose k = 1 value is
+        1 / sum(exp(z)) only when the row's max of z is 0 (values above 1 came out), and a log-softmax form
+        z - 2 * log(sum(exp(z))) passed for a log-softmax."""
+
+        def shifted_twice(x):
+            z = torch.sub(x, x.amax(-1, keepdim=True), alpha=2.0)  # still a softmax (shift-invariant), not max-subtracted
+            e = z.exp()
+            return (e / e.sum(-1, keepdim=True)).topk(1, -1)
+
+        def log_sum_twice(x):
+            z = x - x.amax(-1, keepdim=True)
+            return torch.sub(z, z.exp().sum(-1, keepdim=True).log(), alpha=2.0).max(-1)  # no log-softmax
+
+        x = torch.randn(6, 50, generator=torch.Generator().manual_seed(0))
+        for fn in (shifted_twice, log_sum_twice):
+            rec, got = compiled_with_pass(fn, x)
+            self.assertEqual(rec.last_report.rewrites, [], str(rec.last_report))
+            torch.testing.assert_close(got.values, fn(x).values)
+            torch.testing.assert_close(got.indices, fn(x).indices)
+
+    def test_probs_ones_keeps_exact_values_where_autograd_differentiates_the_graph(self):
+        """AOT's forward graph has no requires_grad on its fake tensors, so probs="ones" put the constant 1 into a
+        graph whose backward reads the values it saves (v.log()): values 0 and gradients off by up to 0.83."""
+
+        def chosen_log_prob(x):
+            z = x - x.amax(-1, keepdim=True)
+            e = z.exp()
+            v, i = (e / e.sum(-1, keepdim=True)).topk(1, -1)
+            return v.log(), i
+
+        x = torch.randn(4, 50, generator=torch.Generator().manual_seed(0))
+        eager_x, compiled_x = x.clone().requires_grad_(), x.clone().requires_grad_()
+        want = chosen_log_prob(eager_x)
+        rec, got = compiled_with_pass(chosen_log_prob, compiled_x, probs="ones")
+        self.assertTrue(rec.last_report.rewrites and any("exact values here" in n for n in rec.last_report.notes), str(rec.last_report))
+        torch.testing.assert_close(got[0], want[0])
+        want[0].sum().backward()
+        got[0].sum().backward()
+        torch.testing.assert_close(compiled_x.grad, eager_x.grad)

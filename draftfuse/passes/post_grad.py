@@ -47,6 +47,13 @@ def source_hash() -> bytes:
     return get_hash_for_files(tuple(_source_files()))
 
 
+def _differentiated() -> bool:
+    """Whether the graph being compiled is part of one autograd differentiates (an output requires grad), from
+    AOT autograd's metadata: its fake tensors carry no requires_grad."""
+    meta = getattr(torch._guards.TracingContext.try_get(), "fw_metadata", None)
+    return meta is not None and any(getattr(out, "requires_grad", False) for out in meta.output_info)
+
+
 class PostGradPass(CustomGraphPass):
     """The post-grad passes that `options` turns on; see the module docstring."""
 
@@ -66,7 +73,9 @@ class PostGradPass(CustomGraphPass):
         if options.vocab_parallel and (report := vocab_parallel_pass(graph, options)) is not None:
             self.reports.append(report)  # before softmax_topk, which would rewrite the gathered selection in place
         if options.softmax_topk:
-            report = rewrite_softmax_topk(graph, probs=options.probs, lowering=options.lowering, half_probs=options.half_probs)
+            report = rewrite_softmax_topk(
+                graph, probs=options.probs, lowering=options.lowering, half_probs=options.half_probs, differentiated=_differentiated()
+            )
             report.pass_name = f"{SOFTMAX_TOPK} (post-grad)"
             self.reports.append(report)
         if options.seed_fold:

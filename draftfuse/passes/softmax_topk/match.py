@@ -292,7 +292,7 @@ def match_aten_softmax(node: Node) -> Softmax | None:
     if is_call(node, aten.div.Tensor) and len(node.args) == 2 and is_call(node.args[0], aten.exp.default):
         exp, sum_node = node.args
         log_node, is_log = None, False
-    elif is_call(node, aten.sub.Tensor) and len(node.args) == 2 and is_call(node.args[1], aten.log.default):
+    elif _plain_sub(node) and is_call(node.args[1], aten.log.default):
         log_node, is_log = node.args[1], True
         sum_node = log_node.args[0]
         if not is_call(sum_node, aten.sum.dim_IntList) or not is_call(sum_node.args[0], aten.exp.default):
@@ -312,9 +312,14 @@ def match_aten_softmax(node: Node) -> Softmax | None:
     return Softmax(node, scores, dim, is_log, scale=factor, z=z, sum_exp=sum_node, log_sum=log_node)
 
 
+def _plain_sub(node: Node) -> bool:
+    """a - b: aten.sub.Tensor without an alpha (a - alpha * b) other than 1."""
+    return is_call(node, aten.sub.Tensor) and len(node.args) == 2 and node.kwargs.get("alpha", 1) == 1 and set(node.kwargs) <= {"alpha"}
+
+
 def _scaled_max_subtracted(z: Node, dim: int) -> tuple[Node, float]:
     """(s, c) with z = c * (s - amax(s, [dim], True)), c > 0 a constant; Refuse otherwise."""
-    if is_call(z, aten.sub.Tensor) and len(z.args) == 2:
+    if _plain_sub(z):
         s, row_max = z.args
         if _reduces(row_max, aten.amax.default, _AMAX, dim, s) is not None:
             return s, 1.0
