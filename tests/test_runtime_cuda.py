@@ -234,3 +234,37 @@ def test_a_deleted_worker_gives_its_cuda_graphs_memory_back():
     recorder, during = _run_worker()
     gc.collect()
     assert during > before and recorder() is None and torch.cuda.memory_allocated() == before
+
+
+class _Activated(torch.nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.lin = torch.nn.Linear(HIDDEN, VOCAB, device="cuda")
+
+    def act(self, x):
+        return torch.tanh(x)
+
+    def forward(self, x):
+        return self.act(self.lin(x))
+
+
+def _activated_draft(head, x):
+    logits = head(x)
+    return torch.softmax(logits, -1).argmax(-1), logits
+
+
+def test_after_dynamo_reset_the_draft_records_anew_and_frees_the_old_graphs(monkeypatch):
+    head, x = _Activated().requires_grad_(False), torch.randn(BATCH, HIDDEN, device="cuda")
+    compiled = draft_loop(_activated_draft)
+    for _ in range(_WARM_CALLS):
+        compiled(head, x)
+    recorded = weakref.ref(compiled._replays[0].recorder)
+    monkeypatch.setattr(_Activated, "act", lambda self, x: x * 100.0)  # unguarded: seen after a reset
+    torch._dynamo.reset()
+    for _ in range(_WARM_CALLS + 1):
+        got = compiled(head, x)
+    with torch.no_grad():
+        want = _activated_draft(head, x)
+    assert torch.equal(got[0], want[0]) and torch.allclose(got[1], want[1])
+    gc.collect()
+    assert recorded() is None and len(compiled._recorders) == 1 and compiled._replays[0].recorder.graph is not None

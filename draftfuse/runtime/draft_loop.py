@@ -267,10 +267,9 @@ class DraftLoop:
 
     @property
     def _recorders(self) -> list[tuple[GraphRecorder, list[torch.fx.Node]]]:
-        live = [(r, p) for ref, p in self._recorder_refs if (r := ref()) is not None]
-        if len(live) < len(self._recorder_refs):
-            self._recorder_refs = [(weakref.ref(r), p) for r, p in live]
-        return live
+        found = [(ref, ref(), p) for ref, p in self._recorder_refs]
+        self._recorder_refs = [(ref, p) for ref, r, p in found if r is not None]
+        return [(r, p) for _, r, p in found if r is not None]
 
     def _last_inputs(self) -> list[Any]:
         return [v for recorder, _ in self._recorders for v in recorder.last_call_inputs]
