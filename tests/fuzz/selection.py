@@ -1327,7 +1327,8 @@ class HandProgram:
 
 def generate_handwritten(c: Chooser) -> HandProgram:
     """One hand-written softmax form (fp32), then a selection on it."""
-    form = c.pick(["keepdim", "keepdim", "no_keepdim_square", "where_two_temps", "where_two_temps", "zero_dim", "amax_no_dim", "amax_other_dim", "log_form", "sum_no_keepdim"])
+    form = c.pick(["keepdim", "keepdim", "no_keepdim_square", "where_two_temps", "where_two_temps", "zero_dim", "amax_no_dim", "amax_other_dim", "log_form", "sum_no_keepdim",
+                   "sub_alpha", "log_sub_alpha"])
     tags = [f"form={form}"]
     if form == "zero_dim":
         shape: tuple[int, ...] = ()
@@ -1366,6 +1367,10 @@ def generate_handwritten(c: Chooser) -> HandProgram:
         lines += ["e = torch.exp(x - torch.amax(x))", f"p = e / torch.sum(e, {d}, keepdim=True)"]
     elif form == "log_form":
         lines += [f"z = x - torch.amax(x, {d}, keepdim=True)", f"p = z - torch.log(torch.sum(torch.exp(z), {d}, keepdim=True))"]
+    elif form == "sub_alpha":  # a softmax still (shift-invariant), but not of x minus its max
+        lines += [f"e = torch.exp(torch.sub(x, torch.amax(x, {d}, keepdim=True), alpha={t2!r}))", f"p = e / torch.sum(e, {d}, keepdim=True)"]
+    elif form == "log_sub_alpha":  # a log-softmax only for alpha = 1
+        lines += [f"z = x - torch.amax(x, {d}, keepdim=True)", f"p = torch.sub(z, torch.log(torch.sum(torch.exp(z), {d}, keepdim=True)), alpha={t2!r})"]
     elif form == "zero_dim":
         lines += ["p = torch.softmax(x, 0)" if c.flag(0.5) else "p = torch.exp(x - torch.amax(x, 0, keepdim=True)) / torch.sum(torch.exp(x - torch.amax(x, 0, keepdim=True)), 0, keepdim=True)"]
         tags.append("0-d")
@@ -1411,7 +1416,7 @@ def generate_handwritten(c: Chooser) -> HandProgram:
         raise Reject("the reference cannot guarantee this selection")
     outs = []
     if kind in ("topk", "max", "min"):
-        outs.append(Out("value", 0, False, -1, 16.0 if form == "log_form" else 0.0))
+        outs.append(Out("value", 0, False, -1, 16.0 if form in ("log_form", "log_sub_alpha") else 0.0))
     outs.append(Out("index", 0))
     program.outs = outs
     return program
