@@ -55,12 +55,14 @@ import torch
 
 from tests.fuzz.common import Chooser, Failure, Reject, aot_control, describe_exception, flat, literal, quiet, raised_in_draftfuse, same_tensor, where_raised
 
-INT_DTYPES = {torch.int64: "torch.int64", torch.int32: "torch.int32", torch.int16: "torch.int16", torch.int8: "torch.int8"}
+# uint8: torch converts a negative Python bound to it (clamp(min=-1) is clamp(min=255)) where signed dtypes raise
+INT_DTYPES = {torch.int64: "torch.int64", torch.int32: "torch.int32", torch.int16: "torch.int16", torch.int8: "torch.int8", torch.uint8: "torch.uint8"}
 CASTS = {
     torch.int64: [".long()", ".to(torch.int64)"],
     torch.int32: [".int()", ".to(torch.int32)", ".to(dtype=torch.int32)"],
     torch.int16: [".short()", ".to(torch.int16)"],
     torch.int8: [".char()", ".to(torch.int8)"],
+    torch.uint8: [".byte()", ".to(torch.uint8)"],
 }
 SMALL = [-3, -2, -1, 1, 2, 3, 4, 5, 7, 9, 16, 100, 127]
 
@@ -236,7 +238,7 @@ def _variant(c: Chooser, e: Expr, scope: _Scope, tags: list[str]) -> Expr:
     if kind == "same":
         return e
     if kind == "clamp_never":
-        return ("clamp", e, c.pick([0, 1, -5]), None, c.pick(["method", "fn", "clip", "min_only"]))
+        return ("clamp", e, c.pick([0, 1, -5, -1]), None, c.pick(["method", "fn", "clip", "min_only"]))
     if kind == "max_never":
         return ("maxmin", "maximum", e, ("full", c.pick([0, 1]), _dtype_of(e, scope)))
     if kind == "addsub":
@@ -312,7 +314,7 @@ def source_of(*fns: Callable) -> str:
 
 # Hazard families that can be switched off (DRAFTFUSE_FUZZ_DISABLE=binomial,einsum,... or the argument),
 # to look for failures beyond the classes already known. Default: everything on.
-FEATURES = ("binomial", "einsum", "foreach", "alias", "write_inputs", "int32", "buffer", "random", "view", "ranges")
+FEATURES = ("binomial", "einsum", "foreach", "alias", "write_inputs", "int32", "uint8", "buffer", "random", "view", "ranges")
 
 
 def _disabled_from_env() -> frozenset[str]:
@@ -340,6 +342,10 @@ def generate(c: Chooser, disabled: frozenset[str] | None = None) -> SeedFoldProg
         tensors.append(("scale", torch.tensor([c.integer(30000, 70000) for _ in range(batch)], dtype=torch.int32)))
         dtypes["scale"] = torch.int32
         tags.append("int32 input (large)")
+    if c.flag(0.25) and "uint8" not in disabled:  # counters a server keeps narrow; a negative clamp bound converts
+        tensors.append(("counts", torch.tensor([c.integer(0, 255) for _ in range(batch)], dtype=torch.uint8)))
+        dtypes["counts"] = torch.uint8
+        tags.append("uint8 input")
     if c.flag(0.2):
         tensors.append(("offset", torch.tensor(c.integer(-3, 3))))
         dtypes["offset"] = torch.int64
