@@ -76,8 +76,33 @@ def test_an_assert_on_the_arguments_that_fails_says_so():
     draft(torch.zeros(2, dtype=torch.long), torch.randn(2, 8))
     error = _raises(GraphBreakError, draft, torch.zeros(3, dtype=torch.long), torch.randn(2, 8))
     assert error.where == _line("assert")
-    assert "an `assert` (or a `raise`) in the draft fails for this call's arguments" in error.cause
+    assert "the draft raises AssertionError" in error.cause and "for this call's arguments" in error.cause
     assert "torch._assert_async" in error.fix
+
+
+def _validated_steps(hidden, steps: int = 3):
+    if steps < 1:
+        raise ValueError(f"steps must be >= 1, got {steps}")  # <- user raise
+    return torch.softmax(hidden, -1).topk(1, -1)
+
+
+def test_the_draft_s_own_exception_is_quoted():
+    """The message of an exception the draft raised when traced was lost (a generic "assert or raise fails")."""
+    error = _raises(GraphBreakError, draft_loop(_validated_steps), torch.randn(2, 8), steps=0)
+    assert error.where == _line("user raise")
+    assert "the draft raises ValueError('steps must be >= 1, got 0')" in error.cause, error.cause
+
+
+def _decides_on_a_read(hidden):
+    n = hidden.argmax(-1)[0].item()
+    return hidden.argmax(-1) + (1 if n > 5 else 0)  # <- decision
+
+
+def test_a_python_decision_on_a_read_value_is_a_host_sync_with_the_where_fix():
+    """It carried torch's torch._check advice and the fix for data-dependent sizes."""
+    error = _raises(HostSyncError, draft_loop(_decides_on_a_read), torch.randn(2, 8))
+    assert error.where == _line("decision") and "a Python decision" in error.cause and "_check" not in error.cause
+    assert "torch.where" in error.fix
 
 
 def test_untraceable_call_is_a_graph_break():

@@ -29,6 +29,9 @@ _HOST_READ = re.compile(
 )
 _CONFIG_ADVICE = re.compile(r"\s*\(?\b(with|set|setting)?\s*(torch\._dynamo\.config\.)?capture_\w+\s*=\s*\w+\)?", re.I)
 _BRANCH = re.compile(r"branch|jump|if statement|control flow", re.I)
+_BRANCH_FIX = "compute both sides and pick with torch.where (or use torch.cond): a draft must not decide on the host"
+# a Python decision (if, bool(), a comparison) on a value read from a tensor, traced as a symbol (u0 > 5)
+_DECISION = re.compile(r"guard on data-dependent expression", re.I)
 
 
 _NOT_USER_CODE = (os.path.dirname(torch.__file__), sysconfig.get_paths()["stdlib"])
@@ -43,21 +46,22 @@ def _location(exc: BaseException) -> str:
     return f"{matches[-1][0]}:{matches[-1][1]}" if matches else ""
 
 
-def _classify(title: str, explanation: str, where: str, first_host_read: str = "") -> DraftCaptureError:
-    """The error for a graph break or tracing failure described by Dynamo's title and explanation."""
+def _classify(title: str, explanation: str, where: str, first_host_read: str = "", raised: str = "") -> DraftCaptureError:
+    """The error for a graph break or tracing failure described by Dynamo's title and explanation (`raised`:
+    the exception the traced draft raised, as Dynamo shows it)."""
     title = _CONFIG_ADVICE.sub("", title).strip()  # "... call with capture_scalar_outputs=False": not a fix for a draft
     text = f"{title} {explanation}"
     # "Data-dependent assertion failed", "Assertion failed on symbolic shapes"; "Observed exception": a raise
     if re.search(r"assertion failed|observed exception", title, re.I):
+        what = f"the draft raises {raised}" if raised else "an `assert` (or a `raise`) in the draft fails"
         return GraphBreakError(
-            "an `assert` (or a `raise`) in the draft fails for this call's arguments when traced (their shapes or "
-            "Python values: eager raises there too), or its condition reads a device value",
+            f"{what} for this call's arguments when traced (their shapes or Python values: eager raises there too), "
+            "or its condition reads a device value",
             where=where,
             fix="check the arguments before calling the draft, or assert on tensors inside it with torch._assert_async",
         )
     if _BRANCH.search(title):
-        fix = "compute both sides and pick with torch.where (or use torch.cond): a draft must not decide on the host"
-        return GraphBreakError(f"graph break: {title}" + (f" ({explanation})" if explanation else ""), where=where, fix=fix)
+        return GraphBreakError(f"graph break: {title}" + (f" ({explanation})" if explanation else ""), where=where, fix=_BRANCH_FIX)
     if _HOST_READ.search(text):
         cause = f"graph break: {title}: reads a device value on the host"
         if first_host_read and first_host_read != where:
@@ -102,6 +106,10 @@ def from_exception(exc: BaseException, first_host_read: str = "") -> DraftCaptur
             "torch's recompile limit was reached for the draft's code (torch._dynamo.config.recompile_limit)",
             fix="pass the values that change as tensors, keep shapes fixed, or raise max_compiles",
         )
+    if is_data_dependent(exc) and _DECISION.search(str(exc)):
+        read = f" read at {first_host_read}" if first_host_read else ""
+        return HostSyncError(f"a Python decision (an if, bool(), a comparison) on a value{read} from a tensor: the host "
+                             "would wait for the device", where=_location(exc) or first_host_read, fix=_BRANCH_FIX)
     if is_data_dependent(exc):
         title = first_line(str(exc), type(exc).__name__)
         return _classify(f"data-dependent value read on the host ({title})", "", _location(exc), first_host_read)
@@ -109,7 +117,7 @@ def from_exception(exc: BaseException, first_host_read: str = "") -> DraftCaptur
         text = str(getattr(exc, "msg", "") or exc)
         lines = _lines(text)
         title = getattr(exc, "gb_type", "") or (lines[0] if lines else type(exc).__name__)
-        return _classify(title, _explanation(lines), _location(exc), first_host_read)
+        return _classify(title, _explanation(lines), _location(exc), first_host_read, _raised(exc))
     if SKIP_MESSAGE in str(exc):
         return _skip_error(str(exc))
     if NO_FRAMES_MESSAGE in str(exc):  # Dynamo skipped the draft's frame whole (under a TorchDispatchMode, say)
@@ -143,12 +151,30 @@ def from_exception(exc: BaseException, first_host_read: str = "") -> DraftCaptur
     return None
 
 
+def _raised(exc: BaseException | None) -> str:
+    """The exception the traced draft raised, as Dynamo shows it (MyError('steps must be >= 1, got 0'), or
+    its type's name), or ""."""
+    seen = set()
+    while exc is not None and id(exc) not in seen:
+        seen.add(id(exc))
+        if isinstance(exc, torch._dynamo.exc.ObservedException):
+            text = str(exc.args[0]) if exc.args else ""
+            if re.match(r"raised exception \w+\(", text) and "Variable(" not in text:
+                return text.removeprefix("raised exception ")
+            kinds = torch._dynamo.exc.observed_exception_map
+            return next((kind.__name__ for kind, observed in kinds.items() if observed is type(exc)), "")
+        exc = exc.__cause__
+    return ""
+
+
 def is_data_dependent(exc: BaseException) -> bool:
     """Whether `exc` (or what it wraps) is a failure to read a data-dependent value at trace time."""
     seen = set()
     while exc is not None and id(exc) not in seen:
         seen.add(id(exc))
         if isinstance(exc, GuardOnDataDependentSymNode) or type(exc).__name__ in ("DataDependentOutputException", "DynamicOutputShapeException"):
+            return True
+        if isinstance(exc, torch._dynamo.exc.UserError) and _DECISION.search(str(exc)):
             return True
         exc = getattr(exc, "inner_exception", None) or exc.__cause__
     return False
