@@ -246,6 +246,16 @@ def test_recompile_past_the_limit_says_what_changed():
     assert torch.equal(draft(torch.ones(4), 1), torch.full((4,), 2.0))
 
 
+def test_the_guard_named_is_the_one_of_the_last_compile():
+    """It was the first compile's (steps: 4, was 3, with "guard failed: steps == 1")."""
+    draft = draft_loop(_steps, max_compiles=3)
+    for steps in (1, 2, 3):
+        draft(torch.randn(4), steps)
+    with pytest.raises(RecompileError) as info:
+        draft(torch.randn(4), 4)
+    assert "steps: 4, was 3 (Dynamo: guard failed: steps == 3)" in info.value.cause, info.value.cause
+
+
 def test_max_compiles_governs_above_torchs_recompile_limit():
     # A server captures one graph per padded batch size: more than torch's limit (8 by default).
     draft = draft_loop(_steps, max_compiles=12)

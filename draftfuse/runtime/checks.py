@@ -233,13 +233,11 @@ def describe_value(value: Any) -> str:
 
 
 def last_guard_failure(code: Any) -> str:
-    """Dynamo's last recorded guard failure for a code object (why it recompiled), or ""."""
-    failures = torch._dynamo.utils.guard_failures.get(code) or []
-    if not failures:
-        return ""
-    # "0/3: steps == 1      # for _ in range(steps):  # file:line" -> "steps == 1"
-    reason = str(failures[-1]).splitlines()[0].split("#")[0]
-    return re.sub(r"^\d+/\d+: ", "", reason).strip()
+    """The guard of the code's latest compiled entry that failed (why it recompiled), or ""."""
+    # one record per entry that failed, newest entry first on each call: "0/3: steps == 4    # for ...  # file:line"
+    found = [re.match(r"(\d+)/(\d+): ([^#\n]*)", str(f)) for f in torch._dynamo.utils.guard_failures.get(code) or []]
+    latest = max((m for m in found if m), key=lambda m: (int(m.group(1)), int(m.group(2))), default=None)
+    return latest.group(3).strip() if latest else ""
 
 
 def describe_change(before: dict[str, str], after: dict[str, str]) -> str:
