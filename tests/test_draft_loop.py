@@ -222,6 +222,37 @@ def test_a_deep_copied_or_pickled_worker_drafts_with_its_own_weights_and_cache(c
     assert copy.copy(draft_loop(_eager_draft)) is not None and pickle.loads(pickle.dumps(_KvModule.draft)) is _KvModule.draft
 
 
+class _AttributeWorker(torch.nn.Module):
+    """Drafts kept as instance attributes, bound when made: a method's and a module's."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.head = torch.nn.Linear(8, 16).requires_grad_(False)
+        self.fast = draft_loop(self.step)
+        self.fast_head = draft_loop(self.head)
+
+    def step(self, h):
+        return torch.softmax(self.head(h), -1).argmax(-1)
+
+
+def test_drafts_kept_as_attributes_are_bound_to_the_copy_or_the_loaded_worker():
+    """Pickling a worker that keeps draft_loop(self.step) as an attribute loaded it as None (first version of the
+    pickling support); copy.deepcopy(worker.fast) called directly made two drafts for the copy."""
+    import copy
+    import pickle
+
+    original, h = _AttributeWorker(), torch.randn(2, 8, generator=torch.Generator().manual_seed(1))
+    original.fast(h), original.fast_head(h)
+    loaded = pickle.loads(pickle.dumps(original))
+    with torch.no_grad():
+        loaded.head.weight.mul_(-1)
+    assert loaded.fast._instance is loaded and loaded.fast_head._instance is loaded.head
+    assert torch.equal(loaded.fast(h), loaded.step(h)) and torch.allclose(loaded.fast_head(h), loaded.head(h))
+    assert torch.equal(original.fast(h), original.step(h))
+    copied = copy.deepcopy(original.fast)
+    assert copied._instance is not original and copied._instance.fast is copied
+
+
 def test_equal_slotted_workers_each_get_their_own_draft():
     """Workers without __dict__ were looked up by their __eq__ and __hash__: two dataclass workers equal
     but for a KV cache field left out of the comparison shared one draft (the first one's cache written)."""

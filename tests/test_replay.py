@@ -165,6 +165,19 @@ def test_after_dynamo_reset_a_draft_compiles_again_and_frees_its_recordings(monk
     assert len(compiled._recorders) == 1
 
 
+def test_after_dynamo_reset_the_compile_budget_starts_again():
+    """The compiles counted before a reset stayed counted: a draft at max_compiles raised RecompileError for a
+    size it had compiled before."""
+    head, x = _Activated().requires_grad_(False), torch.randn(3, 8)
+    compiled = draftfuse.draft_loop(_activated_draft, max_compiles=2)
+    for batch in (3, 2):
+        compiled(head, x[:batch])
+    torch._dynamo.reset()
+    for batch in (3, 2):
+        got, want = compiled(head, x[:batch]), _activated_draft(head, x[:batch])
+        assert torch.equal(got[0], want[0])
+
+
 class Stack(nn.Module):
     """Layers in a ModuleList, each with a KV cache buffer it writes: Dynamo guards these through its
     dict entries (the identity guards draftfuse adds must reach them)."""

@@ -378,3 +378,19 @@ class AtenRecognisers(TestCase):
         want[0].sum().backward()
         got[0].sum().backward()
         torch.testing.assert_close(compiled_x.grad, eager_x.grad)
+
+    def test_probs_ones_keeps_exact_values_written_to_an_input_that_requires_grad(self):
+        """The values reach autograd through a written input (no output requires grad): the constant was kept."""
+
+        def values_into(x, buffer):
+            z = x - x.amax(-1, keepdim=True)
+            e = z.exp()
+            v, i = (e / e.sum(-1, keepdim=True)).topk(1, -1)
+            buffer.copy_(v)
+            return i
+
+        x = torch.randn(4, 50, generator=torch.Generator().manual_seed(0)).requires_grad_()
+        want, got = torch.zeros(4, 1, requires_grad=True) * 1, torch.zeros(4, 1, requires_grad=True) * 1
+        values_into(x, want)
+        compiled_with_pass(values_into, x, got, probs="ones")
+        torch.testing.assert_close(got, want)

@@ -14,6 +14,7 @@ passes produced before).
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import logging
 import pathlib
@@ -48,10 +49,16 @@ def source_hash() -> bytes:
 
 
 def _differentiated() -> bool:
-    """Whether the graph being compiled is part of one autograd differentiates (an output requires grad), from
-    AOT autograd's metadata: its fake tensors carry no requires_grad."""
+    """Whether the graph being compiled is part of one autograd differentiates (an output, or an input it
+    writes, requires grad), from AOT autograd's metadata: its fake tensors carry no requires_grad."""
     meta = getattr(torch._guards.TracingContext.try_get(), "fw_metadata", None)
-    return meta is not None and any(getattr(out, "requires_grad", False) for out in meta.output_info)
+    if meta is None:
+        return False
+    written = [i for i in meta.input_info if getattr(i, "mutates_data", False)]
+    return any(getattr(info, "requires_grad", False) for info in [*meta.output_info, *written])
+
+
+_EXACT_NOTE = 'probs="ones" gives the exact values here: autograd differentiates this graph (an output, or an input it writes, requires grad)'
 
 
 class PostGradPass(CustomGraphPass):
@@ -70,14 +77,19 @@ class PostGradPass(CustomGraphPass):
             self.user_pass(graph)
         log.info("draftfuse post-grad passes, graph before:\n%s", graph)
         options = self.options
+        # AOT's forward graph of a compile autograd differentiates: values it saves for the backward must be exact
+        exact_only = options.probs == "ones" and _differentiated()
+        if exact_only:
+            options = dataclasses.replace(options, probs="exact")
+        first = len(self.reports)
         if options.vocab_parallel and (report := vocab_parallel_pass(graph, options)) is not None:
             self.reports.append(report)  # before softmax_topk, which would rewrite the gathered selection in place
         if options.softmax_topk:
-            report = rewrite_softmax_topk(
-                graph, probs=options.probs, lowering=options.lowering, half_probs=options.half_probs, differentiated=_differentiated()
-            )
+            report = rewrite_softmax_topk(graph, probs=options.probs, lowering=options.lowering, half_probs=options.half_probs)
             report.pass_name = f"{SOFTMAX_TOPK} (post-grad)"
             self.reports.append(report)
+        for report in self.reports[first:] if exact_only else ():
+            report.notes.append(_EXACT_NOTE)
         if options.seed_fold:
             self.reports.append(merge_setup(graph, self.input_names))
         graph.lint()

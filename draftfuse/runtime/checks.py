@@ -235,9 +235,10 @@ def describe_value(value: Any) -> str:
 def last_guard_failure(code: Any) -> str:
     """The guard of the code's latest compiled entry that failed (why it recompiled), or ""."""
     # one record per entry that failed, newest entry first on each call: "0/3: steps == 4    # for ...  # file:line"
-    found = [re.match(r"(\d+)/(\d+): ([^#\n]*)", str(f)) for f in torch._dynamo.utils.guard_failures.get(code) or []]
-    latest = max((m for m in found if m), key=lambda m: (int(m.group(1)), int(m.group(2))), default=None)
-    return latest.group(3).strip() if latest else ""
+    found = [(re.match(r"(\d+)/(\d+): ([^#\n]*)", str(f)), i) for i, f in enumerate(torch._dynamo.utils.guard_failures.get(code) or [])]
+    # the latest entry's, and of its records the newest (a refused compile leaves its record too)
+    latest = max(((m, i) for m, i in found if m), key=lambda mi: (int(mi[0].group(1)), int(mi[0].group(2)), mi[1]), default=None)
+    return latest[0].group(3).strip() if latest else ""
 
 
 def describe_change(before: dict[str, str], after: dict[str, str]) -> str:

@@ -97,6 +97,7 @@ class DraftLoop:
         self._zero_copy, self._dynamic, self._max_compiles = zero_copy_outputs, dynamic, max_compiles
         self._instance = instance
         self._attribute: str | None = None  # the class attribute this draft was assigned to
+        self._looked_up = False  # made by a decorated method's lookup (kept in the instance under a private name)
         self._keys = ("", "")  # where an instance's __dict__ keeps its draft, and a replacement assigned to it
         # for instances without __dict__, by identity (not by their __eq__: equal workers are distinct); held
         # for good, the instance with them (its draft refers to it)
@@ -152,9 +153,8 @@ class DraftLoop:
             bound = self._bound.get(id(instance))
         if isinstance(bound, DraftLoop) and bound._instance is instance and bound._fn is self._fn:
             return bound
-        bound = DraftLoop(
-            self._fn, options=self._options, zero_copy_outputs=self._zero_copy, dynamic=self._dynamic, max_compiles=self._max_compiles, instance=instance
-        )
+        bound = _bound_draft(self._fn, instance, self._settings())
+        bound._looked_up = True  # made again on the next lookup: never pickled (its function's name is this draft's)
         if store is not None:
             store[key] = bound
         else:
@@ -178,23 +178,31 @@ class DraftLoop:
             raise AttributeError(name)
 
     def __deepcopy__(self, memo: dict) -> DraftLoop:
-        """copy.deepcopy of a worker: the copy's draft is its own, compiled afresh on its first call (a deep copy
-        of the compiled state would share the original's code cache and backend); an unbound draft is itself,
-        as a function is."""
+        """copy.deepcopy of a worker: the copy's draft is its own, bound to the copy and compiled afresh on its
+        first call (a deep copy of the compiled state would share the original's code cache and backend); an
+        unbound draft is itself, as a function is (a fold's composition too: its closure is the original's)."""
         if self._instance is None:
             return self
-        settings = dict(options=self._options, zero_copy_outputs=self._zero_copy, dynamic=self._dynamic, max_compiles=self._max_compiles)
-        return DraftLoop(self._fn, instance=copy.deepcopy(self._instance, memo), **settings)
+        instance = copy.deepcopy(self._instance, memo)
+        if id(self) in memo:  # copying the instance copied this draft (it is in the instance's __dict__)
+            return memo[id(self)]
+        return _bound_draft(self._fn, instance, self._settings())
 
     def __copy__(self) -> DraftLoop:
         return self  # as for a function (copy.copy of a worker shares its __dict__'s values; __get__ tells them apart)
 
     def __reduce__(self) -> Any:
-        """Pickling a worker (torch.save) leaves its draft out: the loaded worker makes its own on first lookup.
-        An unbound draft pickles by its module and name, as a function does."""
+        """Pickling a worker (torch.save): a draft it keeps as an attribute (draft_loop(self.step)) loads bound to
+        the loaded worker, compiled afresh on its first call; a decorated method's is left out (its next lookup
+        makes one). An unbound draft pickles by its module and name, as a function does."""
         if self._instance is None:
             return self.__qualname__
-        return _no_draft, ()
+        if self._looked_up:
+            return _no_draft, ()
+        return _bound_draft, (self._fn, self._instance, self._settings())
+
+    def _settings(self) -> dict[str, Any]:
+        return dict(options=self._options, zero_copy_outputs=self._zero_copy, dynamic=self._dynamic, max_compiles=self._max_compiles)
 
     # ---- the call ----
 
@@ -369,6 +377,8 @@ class DraftLoop:
         return _translating_capture_errors(recorder)
 
     def _check_recompiles(self) -> None:
+        if not self._cache_entries():  # none left (torch._dynamo.reset()): the compiles counted are gone
+            self._signatures.clear()
         signature = self._signature()
         if len(self._signatures) < self._max_compiles:
             self._signatures.append(signature)  # a compile refused is not one: the next error compares with the last made
@@ -396,8 +406,13 @@ class DraftLoop:
 
 
 def _no_draft() -> None:
-    """What a pickled worker's draft loads as: nothing, so that its first lookup makes one."""
+    """What a decorated method's draft loads as from a pickled worker: nothing, so that its lookup makes one."""
     return None
+
+
+def _bound_draft(fn: Callable[..., Any], instance: Any, settings: dict[str, Any]) -> DraftLoop:
+    """A new draft of `fn` bound to `instance` (a copied or loaded worker's): nothing compiled yet."""
+    return DraftLoop(fn, instance=instance, **settings)
 
 
 def _weak_backend(loop: DraftLoop) -> Callable[..., Any]:

@@ -232,18 +232,10 @@ def _apply(m: Match, parts: SoftmaxParts, probs: str, lowering: str, erased: set
     return Rewrite(rule, tuple(n.name for n in m.matched if n.op != "placeholder"), detail, user_location(sel.node))
 
 
-def rewrite_graph(
-    graph: torch.fx.Graph, *, probs: str = "exact", lowering: str = "torch", half_probs: str = "rewrite", differentiated: bool = False
-) -> PassReport:
-    """Rewrite every softmax -> selection of `graph` in place and report; never raises on a graph.
-    differentiated: the graph is the forward of a compile that autograd differentiates (AOT's forward graph,
-    post-grad, whose fake tensors carry no requires_grad): values it saves for the backward must be exact, so
-    probs="ones" gives the exact values."""
+def rewrite_graph(graph: torch.fx.Graph, *, probs: str = "exact", lowering: str = "torch", half_probs: str = "rewrite") -> PassReport:
+    """Rewrite every softmax -> selection of `graph` in place and report; never raises on a graph."""
     level = graph_level(graph)
     report = PassReport(PASS_NAME)
-    if differentiated and probs == "ones":
-        report.notes.append('probs="ones" gives the exact values here: autograd differentiates this graph (grad enabled, an output requires it)')
-        probs = "exact"
     emitter_cls = AtenEmitter if level == "aten" else TorchEmitter
     parts_by_softmax: dict[Node, SoftmaxParts] = {}  # selections of one softmax share its emitted parts
 
