@@ -438,6 +438,9 @@ def test_wide_logits_are_ranked_in_their_own_precision():
     assert torch.ops.draftfuse.argmax_prob(x)[0].tolist() == [1] == torch.argmax(x, -1).tolist()
     assert torch.ops.draftfuse.topk_prob(x, 2)[1].tolist() == [[1, 0]]
     assert torch.ops.draftfuse.argmax_prob(torch.tensor([[2**25, 2**25 + 1, 0]]))[0].tolist() == [1]
+    # int64 past float64's 2**53 (the order was taken in float64: a tie, the lower index)
+    assert torch.ops.draftfuse.argmax_prob(torch.tensor([[2**60, 2**60 + 1, 0]]))[0].tolist() == [1]
+    assert torch.ops.draftfuse.topk_prob(torch.tensor([[2**60, 2**60 + 1, 0]]), 2)[1].tolist() == [[1, 0]]
 
 
 def test_fake_implementations_raise_what_the_ops_raise():

@@ -114,7 +114,7 @@ def _scaled(logits: torch.Tensor, scale: torch.Tensor | None) -> tuple[torch.Ten
     x = logits.float()  # the order of 16- and 32-bit floats, exactly (torch's CUDA sort misplaces NaN in bfloat16)
     wide = x if logits.dtype in (torch.float16, torch.bfloat16, torch.float32) else logits.double()  # float64, ints
     if scale is None:
-        return x, wide
+        return x, logits.long() if not logits.dtype.is_floating_point else wide  # int64 above 2**53: as they are
     check_scale(logits, scale)
     s = scale.float().unsqueeze(-1) if scale.dim() else scale.float()  # broadcasts against the logits
     sign = torch.where(s.isnan(), s, torch.sign(s))  # torch.sign(nan) is 0; here a NaN scale makes all NaN
@@ -122,11 +122,11 @@ def _scaled(logits: torch.Tensor, scale: torch.Tensor | None) -> tuple[torch.Ten
 
 
 def _descending_order(order: torch.Tensor) -> torch.Tensor:
-    """Indices of `order` (float32 or float64) from the largest, NaN above everything (the first NaN first), ties
+    """Indices of `order` (float32, float64 or int64) from the largest, NaN above everything (the first NaN first), ties
     (-0.0 with +0.0 too) to the lower index. Two stable sorts, since neither torch.sort nor torch.argmax
     places NaN reliably on CUDA: by value with NaN set aside, then NaN first."""
     nan = order.isnan()
-    by_value = torch.sort(torch.where(nan, 0.0, order), dim=-1, descending=True, stable=True).indices
+    by_value = torch.sort(order.masked_fill(nan, 0), dim=-1, descending=True, stable=True).indices
     nan_first = torch.sort(nan.gather(-1, by_value).to(torch.int8), dim=-1, descending=True, stable=True).indices
     return by_value.gather(-1, nan_first)
 
