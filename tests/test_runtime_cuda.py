@@ -17,6 +17,7 @@ from torch._dynamo.utils import counters
 from draftfuse.runtime.draft_loop import draft_loop
 from draftfuse.runtime.errors import CudagraphSkipError, DraftCaptureError
 from tests._tiny_draft import BATCH, HIDDEN, VOCAB, draft, make_inputs
+from tests.test_replay import _Activated, _activated_draft
 
 pytestmark = [pytest.mark.cuda, pytest.mark.usefixtures("fresh_dynamo")]
 
@@ -236,25 +237,8 @@ def test_a_deleted_worker_gives_its_cuda_graphs_memory_back():
     assert during > before and recorder() is None and torch.cuda.memory_allocated() == before
 
 
-class _Activated(torch.nn.Module):
-    def __init__(self) -> None:
-        super().__init__()
-        self.lin = torch.nn.Linear(HIDDEN, VOCAB, device="cuda")
-
-    def act(self, x):
-        return torch.tanh(x)
-
-    def forward(self, x):
-        return self.act(self.lin(x))
-
-
-def _activated_draft(head, x):
-    logits = head(x)
-    return torch.softmax(logits, -1).argmax(-1), logits
-
-
 def test_after_dynamo_reset_the_draft_records_anew_and_frees_the_old_graphs(monkeypatch):
-    head, x = _Activated().requires_grad_(False), torch.randn(BATCH, HIDDEN, device="cuda")
+    head, x = _Activated().cuda().requires_grad_(False), torch.randn(3, 8, device="cuda")
     compiled = draft_loop(_activated_draft)
     for _ in range(_WARM_CALLS):
         compiled(head, x)
