@@ -333,6 +333,18 @@ def test_a_partial_draft_runs_without_the_fast_path():
             assert torch.equal(draft(weight, tok), _greedy(weight, tok, steps=2))
 
 
+def test_a_partial_draft_keeps_its_compile_budget():
+    """A draft without code of its own has no cache entries to count: the reset check must not read that as a
+    reset (its first version cleared the compiles counted on every compile: no RecompileError)."""
+    import functools
+
+    draft = draft_loop(functools.partial(_steps, steps=1), max_compiles=2)
+    draft(torch.randn(2))
+    draft(torch.randn(3))
+    with pytest.raises(RecompileError):
+        draft(torch.randn(4))
+
+
 class _SlottedWorker:
     __slots__ = ("weight",)
 

@@ -377,8 +377,8 @@ class DraftLoop:
         return _translating_capture_errors(recorder)
 
     def _check_recompiles(self) -> None:
-        if not self._cache_entries():  # none left (torch._dynamo.reset()): the compiles counted are gone
-            self._signatures.clear()
+        if hasattr(self._code_fn, "__code__") and not self._cache_entries():
+            self._signatures.clear()  # its code's entries are gone (torch._dynamo.reset()), and the compiles counted
         signature = self._signature()
         if len(self._signatures) < self._max_compiles:
             self._signatures.append(signature)  # a compile refused is not one: the next error compares with the last made
