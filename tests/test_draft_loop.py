@@ -343,6 +343,23 @@ def test_bare_and_with_arguments():
     assert configured._options.mode == "default" and configured._options.probs == "ones"
     with pytest.raises(ValueError, match="unknown option 'prob'"):
         draft_loop(options={"prob": "ones"})(draft)  # at decoration, not at the first call
+    # zero_copy_outputs="no" turned zero-copy on (a truthy string); max_compiles=0 failed every first call
+    for bad in ({"zero_copy_outputs": "no"}, {"max_compiles": 0}, {"max_compiles": "4"}, {"max_compiles": 2.5}):
+        with pytest.raises(ValueError, match=f"draft_loop\\({next(iter(bad))}="):
+            draft_loop(draft, **bad)
+
+
+def test_a_mode_without_post_grad_passes_says_so(caplog):
+    """mode="lite" turns Inductor's post-grad passes off, draftfuse's with them: the log blamed a cache hit."""
+    import logging
+
+    def greedy(x):
+        return torch.softmax(x, -1).argmax(-1)
+
+    torch._dynamo.reset()
+    with caplog.at_level(logging.INFO, logger="draftfuse"):
+        draft_loop(greedy, mode=None, options={"use_post_grad_passes": False})(torch.randn(2, 8))
+    assert "use_post_grad_passes is off" in caplog.text and "cache hit" not in caplog.text
 
 
 def test_dynamic_shapes_with_float_symbols_compile():

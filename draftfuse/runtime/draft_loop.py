@@ -70,7 +70,7 @@ from draftfuse.runtime.tracing import capture_error, own_code
 
 _CPU_WARNING = (
     "draftfuse: draft {name!r} runs on the CPU: it is compiled, but CUDA graphs need a CUDA device, "
-    "so mode={mode!r} replays nothing here"
+    "so its CUDA graphs (mode='reduce-overhead', or the option triton.cudagraphs) are not recorded here"
 )
 
 
@@ -253,7 +253,7 @@ class DraftLoop:
             self._current_call = None
         if self._warn_cpu:
             self._warn_cpu = False
-            warnings.warn(_CPU_WARNING.format(name=getattr(self._fn, "__qualname__", ""), mode=self._options.mode), stacklevel=user_frame()[1])
+            warnings.warn(_CPU_WARNING.format(name=getattr(self._fn, "__qualname__", "")), stacklevel=user_frame()[1])
         # returned as they are, as a Replay returns them: the call's own arguments (at any depth of their
         # tuples, lists and dicts) and the tensors the graph read (a KV cache attribute, say); before the
         # recorders forget the call's inputs
@@ -480,6 +480,10 @@ def draft_loop(
     """
     if dynamic is not True and dynamic is not False:
         raise ValueError(f"draft_loop(dynamic={dynamic!r}): pass False (one graph per input shape, the default) or True (one graph for every size)")
+    if zero_copy_outputs is not True and zero_copy_outputs is not False:
+        raise ValueError(f"draft_loop(zero_copy_outputs={zero_copy_outputs!r}): pass True or False")
+    if not isinstance(max_compiles, int) or isinstance(max_compiles, bool) or max_compiles < 1:
+        raise ValueError(f"draft_loop(max_compiles={max_compiles!r}): pass an int >= 1")
     parsed = Options.parse(mode, options)
     if fn is None:
         return functools.partial(_decorate, options=parsed, zero_copy_outputs=zero_copy_outputs, dynamic=dynamic, max_compiles=max_compiles)

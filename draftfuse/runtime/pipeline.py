@@ -95,6 +95,8 @@ def lower(prepared: Prepared, example_inputs: Sequence[Any], options: Options) -
     if log.isEnabledFor(logging.INFO):
         log.info("draftfuse: graph handed to Inductor (config %s):\n%s", patches, gm.print_readable(print_output=False))
     compiled = compile_fx(gm, example_inputs, config_patches=patches)
-    if post_grad is not None and not post_grad.reports:
+    if post_grad is not None and not patches.get("use_post_grad_passes", torch._inductor.config.use_post_grad_passes):
+        log.warning("draftfuse post-grad passes: not run, Inductor's use_post_grad_passes is off (mode='lite' turns it off)")
+    elif post_grad is not None and not post_grad.reports:
         log.info("draftfuse post-grad passes: not run, FX graph cache hit")
     return compiled, CompileRecord(prepared, post_grad, patches, options)
