@@ -35,12 +35,10 @@ from typing import Any
 import torch
 from torch._dynamo.testing import normalize_gm
 
-from draftfuse.graph.values import argument_name
 from draftfuse.options import Options
-from draftfuse.passes.post_grad import PostGradPass
 from draftfuse.passes.report import PassReport
 from draftfuse.runtime.tracing import own_code
-from draftfuse.runtime.pipeline import prepare
+from draftfuse.runtime.pipeline import post_grad_pass, prepare
 
 
 @dataclasses.dataclass
@@ -88,12 +86,11 @@ def _post_grad(gm: torch.fx.GraphModule, example_inputs: list[Any], options: Opt
     def forward_compiler(graph_module: torch.fx.GraphModule, inputs: list[Any]) -> Callable[..., Any]:
         # what Inductor runs before post-grad (random ops stay ATen ops, as with Inductor's fallback_random:
         # its replacement of them needs a real compile's context)
-        with torch._inductor.config.patch(fallback_random=True):
+        with torch._inductor.config.patch({**options.inductor, "fallback_random": True}):
             graph_module = _recursive_joint_graph_passes(graph_module)
-        graph_module.graph.eliminate_dead_code()
-        names = [argument_name(p) for p in gm.graph.find_nodes(op="placeholder")]
-        passes = PostGradPass(options, input_names=names)
-        passes(graph_module.graph)
+            graph_module.graph.eliminate_dead_code()
+            passes = post_grad_pass(options, gm)  # the user's own post-grad pass first, as the backend runs it
+            passes(graph_module.graph)
         graph_module.recompile()
         found["post_grad"] = graph_text(graph_module)
         found["reports"] += passes.reports

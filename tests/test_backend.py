@@ -156,6 +156,18 @@ def test_user_post_grad_pass_is_chained_with_ours():
     assert PostGradPass(Options(), user_pass=lambda graph: None).uuid() is None  # no uuid: no cache
 
 
+def test_golden_graphs_run_the_user_post_grad_pass_as_the_backend_does():
+    """draftfuse.testing.draft_graphs built its post-grad pass without the user's (given in the options or in
+    Inductor's config): its post-grad graph was not the one the backend compiles."""
+    from draftfuse.testing import draft_graphs
+
+    in_options, in_config = _CountingPass(), _CountingPass()
+    draft_graphs(_pick, torch.randn(4, 16), options={"post_grad_custom_pre_pass": in_options})
+    with torch._inductor.config.patch(post_grad_custom_pre_pass=in_config):
+        draft_graphs(_pick, torch.randn(4, 16))
+    assert in_options.calls == 1 and in_config.calls == 1
+
+
 def test_generated_code_has_no_topk():
     x = torch.randn(8, 128)
     out, code = run_and_get_code(torch.compile(_pick, backend="draftfuse", fullgraph=True), x)

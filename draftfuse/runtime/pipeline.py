@@ -82,14 +82,20 @@ def prepare(gm: torch.fx.GraphModule, options: Options) -> Prepared:
     return Prepared(gm, current, reports)
 
 
+def post_grad_pass(options: Options, gm: torch.fx.GraphModule) -> PostGradPass:
+    """draftfuse's post-grad passes for the Dynamo graph `gm`, after the user's own (in the options, or
+    Inductor's config)."""
+    user_pass = options.inductor.get(_POST_GRAD_KEY, torch._inductor.config.post_grad_custom_pre_pass)
+    names = [argument_name(p) for p in gm.graph.find_nodes(op="placeholder")]
+    return PostGradPass(options, user_pass=user_pass, input_names=names)
+
+
 def lower(prepared: Prepared, example_inputs: Sequence[Any], options: Options) -> tuple[Callable[..., Any], CompileRecord]:
     """Compile a prepared graph with Inductor, draftfuse's post-grad pass installed."""
     patches = dict(options.inductor)
     post_grad = None
     if options.post_grad:
-        user_pass = patches.get(_POST_GRAD_KEY, torch._inductor.config.post_grad_custom_pre_pass)
-        names = [argument_name(p) for p in prepared.graph_module.graph.find_nodes(op="placeholder")]
-        post_grad = PostGradPass(options, user_pass=user_pass, input_names=names)
+        post_grad = post_grad_pass(options, prepared.graph_module)
         patches[_POST_GRAD_KEY] = post_grad
     gm = prepared.graph_module
     if log.isEnabledFor(logging.INFO):
