@@ -280,3 +280,32 @@ def test_a_fill_is_forwarded_only_where_its_buffer_is_the_copy_and_unread_after(
         torch.testing.assert_close(g, w)
     if case == "returned caller buffer":
         assert got[0] is args[1], "the returned buffer is the caller's tensor"
+
+
+def _seed_with_meta(tokens, hidden, meta_seq_lens, meta):
+    position = meta_seq_lens - 1
+    hidden = torch.tanh(hidden + _HEAD.T[tokens] + position[:, None]) + (meta["seq_lens"] - 1)[:, None] * 0
+    return (hidden @ _HEAD).topk(1).indices[:, 0], hidden, meta_seq_lens
+
+
+def _clamped_steps(token, hidden, seq_lens):
+    position = (seq_lens - 1).clamp(min=0)
+    drafted = [token]
+    for _ in range(2):
+        hidden = torch.tanh(hidden + _HEAD.T[drafted[-1]] + position[:, None])
+        drafted.append((hidden @ _HEAD).topk(1).indices[:, 0])
+    return torch.stack(drafted, 1), hidden
+
+
+def test_a_range_goes_to_the_input_named_exactly():
+    """Names were compared with dots made underscores: a range for the dict entry meta['seq_lens'], keyed
+    "meta.seq_lens", went to the argument meta_seq_lens (which holds a 0), and the clamp it needed was proven
+    away: other tokens. Now "meta.seq_lens" names no input (an attribute would be meta.seq_lens, the entry
+    meta['seq_lens']), and the note lists the names."""
+    tokens, hidden = torch.tensor([3, 7]), torch.randn(2, H, generator=torch.Generator().manual_seed(5))
+    args = (tokens, hidden, torch.tensor([0, 4]), {"seq_lens": torch.tensor([2, 4])})
+    draft = fold(_seed_with_meta, _clamped_steps, value_ranges={"meta.seq_lens": (1, None)})
+    got, want = draft(*args), _clamped_steps(*_seed_with_meta(*args))
+    assert torch.equal(got[0], want[0]) and torch.allclose(got[1], want[1])
+    (note,) = [n for n in seam_report(draft).notes if "meta.seq_lens" in n]
+    assert "no graph input is named" in note and "meta['seq_lens']" in note and "meta_seq_lens" in note

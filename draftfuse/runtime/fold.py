@@ -15,7 +15,10 @@ marker too:
 
     value_ranges={"seq_lens": (1, None)}   every element of the seed's argument `seq_lens` is >= 1
                                            (None: unbounded), so clamps and maxima the two sides
-                                           disagree on can be proven equal and computed once;
+                                           disagree on can be proven equal and computed once (a key
+                                           names an input as written: seq_lens, meta.seq_lens for an
+                                           attribute, meta['seq_lens'] for a dict entry; the report lists
+                                           the names when a key matches none);
     drop_buffer_writes=True                the seed's writes into caller buffers that only feed the loop
                                            may be dropped: nothing reads those buffers after the draft.
 

@@ -13,6 +13,7 @@ marker's removal aside: the loop then reads the seed's values themselves, as `lo
 from __future__ import annotations
 
 import operator
+import re
 from collections.abc import Iterable
 from typing import Any
 
@@ -20,7 +21,7 @@ import torch
 from torch.fx.experimental.symbolic_shapes import statically_known_true
 
 from draftfuse.graph.effects import Effects
-from draftfuse.graph.values import Node, argument_name, fake, fake_tensor, insert_after, is_integer, rewire, same_sizes, user_location
+from draftfuse.graph.values import Node, fake, fake_tensor, input_name, insert_after, is_integer, rewire, same_sizes, user_location
 from draftfuse.passes.report import PassReport, Rewrite
 from draftfuse.passes.seed_fold.regions import Regions
 from draftfuse.passes.seed_fold.seam import is_seam
@@ -72,14 +73,23 @@ def remove_seams(graph: torch.fx.Graph, effects: Effects, report: PassReport) ->
         report.rewrites.append(Rewrite("seam marker removed", tuple(erased), f"the loop reads the seed's {names}", user_location(seam)))
 
 
+def _spellings(placeholder: Node) -> set[str]:
+    """The names a value_ranges key may give a graph input: the user's spelling of its source (seq_lens,
+    meta.seq_lens for an attribute, meta['seq_lens'] for a dict entry), a keyword argument by its name. Exact:
+    meta.seq_lens is not the argument meta_seq_lens (a range on the wrong input would be trusted)."""
+    name = input_name(placeholder)
+    return {name, re.sub(r"^kwargs\['([^']+)'\]$", r"\1", name)}
+
+
 def declare_ranges(graph: torch.fx.Graph, effects: Effects, report: PassReport, value_ranges: dict) -> None:
     """Put `draftfuse::assume_range` on each input with a declared range, for the post-grad proofs."""
     placeholders = graph.find_nodes(op="placeholder")
     written = effects.written_inputs()
     for key, (low, high) in sorted(value_ranges.items()):
-        found = [p for p in placeholders if argument_name(p) == key.replace(".", "_")]
+        found = [p for p in placeholders if key in _spellings(p)]
         if not found:
-            report.notes.append(f"value_ranges: no graph input is named {key!r}; its range is unused")
+            names = ", ".join(sorted({min(_spellings(p), key=len) for p in placeholders if is_integer(fake_tensor(p))}))
+            report.notes.append(f"value_ranges: no graph input is named {key!r}; its range is unused (integer inputs: {names})")
             continue
         placeholder = found[0]
         value = fake_tensor(placeholder)
