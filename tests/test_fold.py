@@ -309,3 +309,11 @@ def test_a_range_goes_to_the_input_named_exactly():
     assert torch.equal(got[0], want[0]) and torch.allclose(got[1], want[1])
     (note,) = [n for n in seam_report(draft).notes if "meta.seq_lens" in n]
     assert "no graph input is named" in note and "meta['seq_lens']" in note and "meta_seq_lens" in note
+
+
+@pytest.mark.parametrize("bounds", [(5, 1), (1, 2, 3), (1.5, None), (True, None), 7])
+def test_a_malformed_range_is_refused_when_folding(bounds):
+    """(5, 1) failed at the first call inside Inductor (ValueRangeError); (1, 2, 3) was dropped with a logged
+    internal error of the pass at every compile."""
+    with pytest.raises(ValueError, match=r"value_ranges\['seq_lens'\]"):
+        fold(_seed_with_meta, _clamped_steps, value_ranges={"seq_lens": bounds})

@@ -61,7 +61,14 @@ def _assume_range_fake(x: torch.Tensor, low: int | None, high: int | None, name:
 
 def seam_facts(*, value_ranges: ValueRangeSpec | None = None, drop_buffer_writes: bool = False) -> str:
     """What the caller of fold() states about a draft, as the marker's constant argument (computed
-    outside the traced code: json is not traceable)."""
+    outside the traced code: json is not traceable). Raises ValueError for a range that is not (low, high)
+    of ints or None with low <= high."""
+    for name, bounds in (value_ranges or {}).items():
+        ints = isinstance(bounds, (tuple, list)) and len(bounds) == 2 and all(
+            b is None or (isinstance(b, int) and not isinstance(b, bool)) for b in bounds
+        )
+        if not isinstance(name, str) or not ints or (None not in bounds and bounds[0] > bounds[1]):
+            raise ValueError(f"value_ranges[{name!r}] = {bounds!r}: give (low, high), ints or None (unbounded), low <= high")
     facts = {"value_ranges": {name: list(bounds) for name, bounds in (value_ranges or {}).items()}}
     facts["drop_buffer_writes"] = drop_buffer_writes
     return json.dumps(facts, sort_keys=True)
