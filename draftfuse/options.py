@@ -70,7 +70,14 @@ class Options:
         """Validate `mode` and `options` (see the module docstring); raises ValueError on a bad key or value."""
         own: dict[str, Any] = {}
         inductor = dict(torch._inductor.list_mode_options(mode)) if mode and mode != "default" else {}
+        if options is not None and not isinstance(options, Mapping):
+            raise ValueError(f"draftfuse: options must be a dict of option names to values, not {type(options).__name__}")
+        names = [key.replace("-", "_") if isinstance(key, str) else key for key in (options or {})]
+        if twice := sorted({name for name in names if names.count(name) > 1}):  # max-autotune and max_autotune
+            raise ValueError(f"draftfuse: option {twice[0]!r} is given twice (spelled with - and with _)")
         for key, value in (options or {}).items():
+            if not isinstance(key, str):
+                raise ValueError(f"draftfuse: option names are strings, not {key!r}")
             if key in _CHOICES:
                 own[key] = value
             elif key.replace("-", "_") in _inductor_config_names():

@@ -443,3 +443,15 @@ def test_options_of_the_wrong_type_or_owner_are_refused(options):
     at its default, are errors, as torch.compile's own options check is."""
     with pytest.raises(torch._dynamo.exc.BackendCompilerFailed, match="ValueError: draftfuse: "):  # raised when it compiles
         torch.compile(lambda x: x + 1, backend="draftfuse", options=options)(torch.zeros(2))
+
+
+@pytest.mark.parametrize(
+    "options, message",
+    [([("probs", "ones")], "must be a dict"), ({1: "ones"}, "names are strings"), ({"max-autotune": True, "max_autotune": False}, "given twice")],
+)
+def test_malformed_options_are_value_errors(options, message):
+    """A list of pairs or a non-string key raised AttributeError; one Inductor option spelled both ways kept the last."""
+    from draftfuse.options import Options
+
+    with pytest.raises(ValueError, match=message):
+        Options.parse(None, options)
