@@ -88,8 +88,9 @@ class PostGradPass(CustomGraphPass):
             report = rewrite_softmax_topk(graph, probs=options.probs, lowering=options.lowering, half_probs=options.half_probs)
             report.pass_name = f"{SOFTMAX_TOPK} (post-grad)"
             self.reports.append(report)
-        for report in self.reports[first:] if exact_only else ():
-            report.notes.append(_EXACT_NOTE)
+        if exact_only:
+            for report in self.reports[first:]:
+                report.notes.append(_EXACT_NOTE)
         if options.seed_fold:
             self.reports.append(merge_setup(graph, self.input_names))
         graph.lint()

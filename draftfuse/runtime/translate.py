@@ -106,11 +106,11 @@ def from_exception(exc: BaseException, first_host_read: str = "") -> DraftCaptur
             "torch's recompile limit was reached for the draft's code (torch._dynamo.config.recompile_limit)",
             fix="pass the values that change as tensors, keep shapes fixed, or raise max_compiles",
         )
-    if is_data_dependent(exc) and _DECISION.search(str(exc)):
-        read = f" read at {first_host_read}" if first_host_read else ""
-        return HostSyncError(f"a Python decision (an if, bool(), a comparison) on a value{read} from a tensor: the host "
-                             "would wait for the device", where=_location(exc) or first_host_read, fix=_BRANCH_FIX)
     if is_data_dependent(exc):
+        if _DECISION.search(str(exc)):
+            read = f" read at {first_host_read}" if first_host_read else ""
+            return HostSyncError(f"a Python decision (an if, bool(), a comparison) on a value{read} from a tensor: the "
+                                 "host would wait for the device", where=_location(exc) or first_host_read, fix=_BRANCH_FIX)
         title = first_line(str(exc), type(exc).__name__)
         return _classify(f"data-dependent value read on the host ({title})", "", _location(exc), first_host_read)
     if isinstance(exc, (torch._dynamo.exc.Unsupported, torch._dynamo.exc.UserError)):
