@@ -3,12 +3,14 @@
 Each fold compiles once (seconds on a CPU), so each test compiles one.
 """
 
+import functools
 import inspect
 from collections import namedtuple
 
 import pytest
 import torch
 
+from draftfuse import GraphBreakError
 from draftfuse.passes.seed_fold.seam import mark_seam
 from draftfuse.runtime.draft_loop import draft_loop
 from draftfuse.runtime.fold import _by_keyword, fold
@@ -317,3 +319,64 @@ def test_a_malformed_range_is_refused_when_folding(bounds):
     internal error of the pass at every compile."""
     with pytest.raises(ValueError, match=r"value_ranges\['seq_lens'\]"):
         fold(_seed_with_meta, _clamped_steps, value_ranges={"seq_lens": bounds})
+
+
+def _fills_scale(fn):
+    @functools.wraps(fn)  # a wrapper with parameters of its own, which fills one of fn's
+    def wrapper(logits, flip=False):
+        return fn(-logits if flip else logits, 2.0)
+
+    return wrapper
+
+
+def _injects_scale(fn):
+    @functools.wraps(fn)  # takes (*args, **kwargs), so it says it passes them on; it adds one
+    def wrapper(*args, **kwargs):
+        return fn(*args, scale=2.0, **kwargs)
+
+    return wrapper
+
+
+def _scale_by(logits, scale):
+    return logits * scale, logits.shape[0]
+
+
+class _CallableSeed:
+    def __call__(self, logits, scale=1.0):
+        return logits * scale, logits.shape[0]
+
+
+def test_a_wrapper_seed_is_called_with_its_own_parameters_and_one_that_hides_them_is_named():
+    """inspect.signature follows __wrapped__: a wrapper of parameters (logits, flip) that fills the
+    wrapped seed's `scale` is called as the wrapper (eager: seed(logits, flip=True)); a (*args, **kwargs)
+    wrapper that adds an argument does not fit the wrapped parameters, and the TypeError says so."""
+    seed = _fills_scale(_scale_by)
+    logits = torch.tensor([[3.0, 1.0, 2.0, 0.0]])
+    assert torch.equal(fold(seed, _top2)(logits, flip=True), _top2(*seed(logits, flip=True)))
+    with pytest.raises(TypeError, match=r"does not fit the seed's parameters \(logits, scale\) \(read through the seed's __wrapped__"):
+        fold(_injects_scale(_scale_by), _top2)(logits)
+
+
+def test_a_callable_objects_default_replaced_after_fold_is_read_per_call():
+    """The defaults of a callable object's __call__ are its class's: replaced after fold, a call reads
+    the new ones, as `loop(*seed(...))` does."""
+    seed, logits = _CallableSeed(), torch.tensor([[3.0, 1.0, 2.0, 0.0]])
+    draft = fold(seed, _top2)
+    saved = _CallableSeed.__call__.__defaults__
+    try:
+        for _ in range(3):
+            draft(logits)
+        _CallableSeed.__call__.__defaults__ = (-1.0,)
+        for _ in range(3):
+            assert torch.equal(draft(logits), _top2(*seed(logits)))
+    finally:
+        _CallableSeed.__call__.__defaults__ = saved
+
+
+def test_a_loop_that_does_not_take_the_seeds_values_is_named():
+    """loop(*seed(...)) raises TypeError eagerly when the loop takes fewer values than the seed returns;
+    the capture error says that, not "move this call out of the draft"."""
+    draft = fold(lambda x: (x, x + 1, x + 2), lambda a, b: a * b)
+    with pytest.raises(GraphBreakError, match="the loop does not take the values the seed returns") as caught:
+        draft(torch.arange(4.0))
+    assert "allow_in_graph" not in str(caught.value)

@@ -30,7 +30,10 @@ The compiled function is generated for each fold with the seed's own parameters 
 positional-or-keyword parameters, the usual one): a call passes through to draft_loop, which binds it
 once, and the graph inputs carry the seed's parameter names (Dynamo names them after the source), so
 `value_ranges` can name them. A seed with other kinds of parameters gets `(*args, **kwargs)`, its
-arguments passed by keyword where its signature allows. Limits: as for draft_loop.
+arguments passed by keyword where its signature allows. A seed's parameters are those a call binds to: a
+decorator's wrapper that takes (*args, **kwargs) and names the seed it wraps (functools.wraps, as
+torch.no_grad() and inference_mode() do) is taken to pass them on, so the seed's own are used; a wrapper
+with parameters of its own is called with those. Limits: as for draft_loop.
 """
 
 from __future__ import annotations
@@ -40,6 +43,7 @@ import inspect
 import itertools
 import linecache
 import os
+import types
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -53,11 +57,11 @@ class FoldedDraft:
     """`loop(*seed(...))` compiled as one region; see the module docstring. `.draft` is the DraftLoop
     that runs it (its `.compiles` hold the compile records and pass reports)."""
 
-    def __init__(self, seed: Callable[..., Any], loop: Callable[..., Any], draft: DraftLoop, rebind: inspect.Signature | None) -> None:
+    def __init__(self, seed: Callable[..., Any], loop: Callable[..., Any], draft: DraftLoop, rebind: inspect.Signature | None, defaults_of: Any = None) -> None:
         self.seed, self.loop, self.draft = seed, loop, draft
         self._rebind = rebind  # the seed's signature, to pass arguments by keyword; None: a call passes through
         # the function whose __defaults__ the composition's were copied from (None: none to follow)
-        self._defaults_of = _defaults_owner(seed, draft._fn.__defaults__) if rebind is None else None
+        self._defaults_of = _same_defaults(defaults_of, draft._fn.__defaults__) if rebind is None else None
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         if self._rebind is None:
@@ -67,12 +71,28 @@ class FoldedDraft:
                 defaults, composition = self._defaults_of.__defaults__, self.draft._fn
                 if composition.__defaults__ is not defaults:
                     composition.__defaults__ = defaults
-            return self.draft(*args, **kwargs)
+            try:
+                return self.draft(*args, **kwargs)
+            except TypeError as e:
+                self._raise_unbound(e, args, kwargs)
+                raise
         positional, keywords = _by_keyword(self._rebind, args, kwargs)
         return self.draft(*positional, **keywords)
 
     def __repr__(self) -> str:
         return f"fold({_name(self.seed)}, {_name(self.loop)})"
+
+    def _raise_unbound(self, error: TypeError, args: tuple, kwargs: dict) -> None:
+        """Raise a TypeError that says why, if the call does not fit the parameters fold gave the draft."""
+        signature = inspect.signature(self.draft._fn)
+        try:
+            signature.bind(*args, **kwargs)
+        except TypeError:
+            read = ""
+            if hasattr(getattr(self.seed, "__func__", self.seed), "__wrapped__"):
+                read = (" (read through the seed's __wrapped__: a functools.wraps wrapper that takes (*args, **kwargs) is "
+                        "taken to pass them on unchanged; one that adds arguments should take the parameters it is called with)")
+            raise TypeError(f"{self!r}: the call does not fit the seed's parameters {signature}{read}: {error}") from error
 
 
 def _composition(seed: Callable[..., Any], loop: Callable[..., Any], facts: Any, signature: inspect.Signature | None) -> tuple[Callable[..., Any], bool]:
@@ -110,15 +130,45 @@ def _composition(seed: Callable[..., Any], loop: Callable[..., Any], facts: Any,
     return folded, plain
 
 
-def _defaults_owner(seed: Callable[..., Any], defaults: tuple | None) -> Any:
-    """The function whose `__defaults__` are the seed's (through bound methods and decorators that
-    keep `__wrapped__`), if they are the ones its signature showed; else None (a partial, a module: the
-    defaults fold saw are kept)."""
-    fn = inspect.unwrap(getattr(seed, "__func__", seed))
-    fn = getattr(fn, "__func__", fn)
+def _seed_signature(seed: Callable[..., Any]) -> tuple[inspect.Signature | None, Any]:
+    """The parameters a call of the seed binds to, and the function that holds their defaults (None: none
+    to follow, as for a partial). A wrapper that names the function it wraps (functools.wraps) and takes
+    `(*args, **kwargs)` passes its arguments on, as torch.no_grad() and inference_mode() do: the
+    parameters are the wrapped function's. A wrapper with parameters of its own is called with those (it
+    may add or fill arguments of the wrapped function). A callable object's are its class's __call__'s."""
+    if isinstance(seed, types.MethodType):
+        holder, fn = seed.__self__, seed.__func__
+    elif isinstance(seed, types.FunctionType):
+        holder, fn = None, seed
+    elif isinstance(getattr(type(seed), "__call__", None), types.FunctionType) and not isinstance(seed, type):
+        holder, fn = seed, type(seed).__call__
+    else:  # a partial, a builtin, a class
+        try:
+            return inspect.signature(seed), None
+        except (TypeError, ValueError):
+            return None, None
+    fn = inspect.unwrap(fn, stop=lambda f: not _forwards(f))
+    try:
+        signature = inspect.signature(fn if holder is None else types.MethodType(fn, holder), follow_wrapped=False)
+    except (TypeError, ValueError):
+        return None, None
+    return signature, fn if isinstance(fn, types.FunctionType) else None
+
+
+def _forwards(fn: Any) -> bool:
+    """Whether `fn` takes exactly (*args, **kwargs)."""
+    try:
+        kinds = [p.kind for p in inspect.signature(fn, follow_wrapped=False).parameters.values()]
+    except (TypeError, ValueError):
+        return False
+    return kinds == [inspect.Parameter.VAR_POSITIONAL, inspect.Parameter.VAR_KEYWORD]
+
+
+def _same_defaults(fn: Any, defaults: tuple | None) -> Any:
+    """`fn` if its __defaults__ are still the ones the composition copied (else None: those are kept)."""
     found = getattr(fn, "__defaults__", None)
     same = found == defaults if found is None or defaults is None else len(found) == len(defaults) and all(a is b for a, b in zip(found, defaults))
-    return fn if same and hasattr(fn, "__code__") else None
+    return fn if same and fn is not None else None
 
 
 def _name(fn: Callable[..., Any]) -> str:
@@ -154,14 +204,11 @@ def fold(
 ) -> FoldedDraft:
     """Compose `seed` and `loop` into one draft compiled as one captured region (see the module docstring)."""
     facts = seam_facts(value_ranges=value_ranges, drop_buffer_writes=drop_buffer_writes)
-    try:
-        signature: inspect.Signature | None = inspect.signature(seed)
-    except (TypeError, ValueError):  # a builtin or C function: pass the arguments as they come
-        signature = None
+    signature, defaults_of = _seed_signature(seed)  # signature None (a builtin): arguments pass as they come
     folded, own_parameters = _composition(seed, loop, facts, signature)
     draft = draft_loop(folded, **draft_loop_settings)
     draft.inline_fn = functools.partial(_seed_then_loop, seed, loop)  # traced in an enclosing region: no marker
-    return FoldedDraft(seed, loop, draft, None if own_parameters else signature)
+    return FoldedDraft(seed, loop, draft, None if own_parameters else signature, defaults_of)
 
 
 def _seed_then_loop(seed: Callable[..., Any], loop: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:

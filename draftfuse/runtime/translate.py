@@ -31,6 +31,7 @@ _CONFIG_ADVICE = re.compile(r"\s*\(?\b(with|set|setting)?\s*(torch\._dynamo\.con
 _BRANCH = re.compile(r"branch|jump|if statement|control flow", re.I)
 _BRANCH_FIX = "compute both sides and pick with torch.where (or use torch.cond): a draft must not decide on the host"
 # a Python decision (if, bool(), a comparison) on a value read from a tensor, traced as a symbol (u0 > 5)
+_UNBOUND = re.compile(r"failed to bind arguments|argument mismatch", re.I)  # a call whose arguments do not bind
 _DECISION = re.compile(r"guard on data-dependent expression", re.I)
 
 
@@ -59,6 +60,15 @@ def _classify(title: str, explanation: str, where: str, first_host_read: str = "
             "or its condition reads a device value",
             where=where,
             fix="check the arguments before calling the draft, or assert on tensors inside it with torch._assert_async",
+        )
+    if _UNBOUND.search(text):  # eager raises TypeError there
+        in_fold = "<fold of " in where
+        return GraphBreakError(
+            f"the loop does not take the values the seed returns (loop(*seed(...)) raises TypeError eagerly): {explanation or title}" if in_fold
+            else f"a call's arguments do not fit the called function's parameters (eager raises TypeError): {explanation or title}",
+            where=where,
+            fix="make the seed return what the loop takes, in order (a tuple is passed as separate arguments)" if in_fold
+            else "call the function with the arguments it takes",
         )
     if _BRANCH.search(title):
         return GraphBreakError(f"graph break: {title}" + (f" ({explanation})" if explanation else ""), where=where, fix=_BRANCH_FIX)
