@@ -5,7 +5,8 @@
     python -m draftfuse explain [--graphs] examples/eagle_head.py
 
 It traces `fn(*args, **kwargs)` as `draft_loop` does (a copy of its code, fullgraph, without grad, static
-shapes), runs the pipeline's prepare step on the graph with the default options (the seed fold, then
+shapes), runs the pipeline's prepare step on the graph with the draft's options (a draft_loop's or
+fold's own; the defaults for a plain function: the seed fold, then
 softmax -> topk) and the capture checks `draft_loop` runs, and stops there: nothing of the draft runs and
 nothing is compiled further. The summary leads with the verdict (one captured region or not), then each
 rewrite and refusal by the user's source line with its reason, the inputs written in place, and
@@ -14,8 +15,7 @@ shapes, or the graph break, host read or error that ends the trace: the first on
 raises it, with the same class, line and fix; the passes then report on the graph before it), each with
 file:line and the fix; `format(graphs=True)` adds the graph as traced and each pass's diff.
 
-Limits: it reports the first thing that ends the trace (fix it and explain again), with the default
-options; where the draft's first traced op comes after a graph break, what precedes it runs (to trace
+Limits: it reports the first thing that ends the trace (fix it and explain again); where the draft's first traced op comes after a graph break, what precedes it runs (to trace
 the graph after the break). Dynamo's caches of other functions are left as they are. The post-grad passes (softmax -> topk
 after decomposition, setup merging) need a real compile: their reports are in a draft_loop's
 `compiles[i].reports` after its first call.
@@ -34,6 +34,8 @@ import torch
 
 from draftfuse.options import Options
 from draftfuse.runtime import checks
+from draftfuse.runtime.draft_loop import DraftLoop
+from draftfuse.runtime.fold import FoldedDraft, _by_keyword
 from draftfuse.runtime.tracing import _Captured, trace_as_draft_loop, trace_before_break
 from draftfuse.runtime.errors import DraftCaptureError
 from draftfuse.runtime.pipeline import Prepared, prepare
@@ -102,22 +104,36 @@ class Explanation:
 def explain(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Explanation:
     """Trace `fn(*args, **kwargs)`, run draftfuse's passes and capture checks on its graphs, and report
     (see the module docstring)."""
-    options = Options()
+    name = _describe_function(fn)
+    fn, options, dynamic, args, kwargs = _as_compiled(fn, args, kwargs)
     graphs: list[GraphExplanation] = []
 
     def probe(gm: torch.fx.GraphModule, example_inputs: list[Any]) -> Any:
         prepared = prepare(gm, options)
-        found = checks.obstacles(prepared.graph_module, allow_dynamic=False)
+        found = checks.obstacles(prepared.graph_module, allow_dynamic=dynamic is True)
         graphs.append(GraphExplanation(prepared, found, checks.written_inputs(prepared.graph_module)))
         raise _Captured  # the draft does not run
 
     try:
-        trace_as_draft_loop(fn, probe, args, kwargs)
+        trace_as_draft_loop(fn, probe, args, kwargs, dynamic)
     except DraftCaptureError as error:
         if not graphs:  # the graph before the obstacle, for its rewrites and written inputs
-            trace_before_break(fn, False, args, kwargs, probe)
-        return Explanation(_describe_function(fn), graphs, [error])
-    return Explanation(_describe_function(fn), graphs, [])
+            trace_before_break(fn, dynamic, args, kwargs, probe)
+        return Explanation(name, graphs, [error])
+    return Explanation(name, graphs, [])
+
+
+def _as_compiled(fn: Callable[..., Any], args: tuple, kwargs: dict) -> tuple[Callable[..., Any], Options, bool | None, tuple, dict]:
+    """What a draft_loop or fold compiles for `fn`: the function, its options and dynamic setting, and
+    the call's arguments as it passes them (the default options for a plain function)."""
+    if isinstance(fn, FoldedDraft):
+        if fn._rebind is not None:
+            positional, kwargs = _by_keyword(fn._rebind, args, kwargs)
+            args = tuple(positional)
+        fn = fn.draft
+    if isinstance(fn, DraftLoop):
+        return fn._fn, fn._options, fn._dynamic, args, kwargs
+    return fn, Options(), False, args, kwargs
 
 
 def _describe_function(fn: Callable[..., Any]) -> str:

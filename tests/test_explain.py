@@ -140,3 +140,50 @@ def test_the_command_line_loads_a_file_that_defines_a_dataclass(tmp_path, capsys
     )
     explain_file(str(target), [])
     assert "verdict: one captured region" in capsys.readouterr().out
+
+
+def _select(logits):
+    return torch.softmax(logits, -1).topk(1, dim=-1)
+
+
+def test_explain_of_a_draft_loop_or_fold_uses_its_own_options_and_seam():
+    """explain(draft) of a draft_loop reports what that draft's compile does: its options (softmax_topk
+    off: no rewrite), and for a fold, the seam (it traced the fold's call inside an enclosing trace,
+    which drops the marker: "no seam" where the compile removes it)."""
+    logits = torch.randn(2, 8)
+    off = {"softmax_topk": False}
+    assert "softmax+topk" not in str(explain(draft_loop(_select, options=off), logits))
+    assert "softmax+topk(k=1) -> argmax" in str(explain(draft_loop(_select), logits))
+    from draftfuse.runtime.fold import fold
+
+    text = str(explain(fold(lambda x: x * 2, _select, options=off), logits))
+    assert "seam marker removed" in text and "softmax+topk" not in text
+    assert "draftfuse/passes" not in text  # the marker has no user line: none is shown, not draftfuse's own
+
+
+def _reads_a_length_each_step(logits, lengths):
+    out = []
+    for _ in range(3):
+        n = int(lengths.max())
+        out.append(logits[:, :n].argmax(-1))
+    return out
+
+
+def _nonzero_rows(logits):
+    rows = (logits > 0).nonzero()[:, 0]
+    return logits[rows].sum()
+
+
+@pytest.mark.parametrize("draft, args", [
+    (_reads_a_length_each_step, (torch.randn(2, 8), torch.tensor([3, 4]))),
+    (_nonzero_rows, (torch.randn(2, 8),)),
+])  # fmt: skip
+def test_a_host_read_is_one_obstacle_not_one_per_step_and_derived_size(draft, args):
+    """The read is the obstacle: not again for each loop step, nor for the slice to its length and
+    Dynamo's size asserts on it (sym_size, ge, le: reported as "makes a tensor whose size depends on
+    the data" before, 21 obstacles for three steps)."""
+    (only,) = explain(draft, *args).obstacles
+    lines, first = inspect.getsourcelines(draft)
+    read = first + next(i for i, line in enumerate(lines) if "int(" in line or ".nonzero()" in line)
+    assert only.where.endswith(f":{read}")
+    assert ("torch.where instead of nonzero" in only.fix) == (draft is _nonzero_rows)  # the fix for a data-dependent size

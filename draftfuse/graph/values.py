@@ -102,12 +102,11 @@ def user_frame() -> tuple[Any, int]:
 
 
 def user_location(node: Node) -> str:
-    """The innermost user frame of a node's stack trace, as "file:line" (empty when unknown); frames in
-    draftfuse itself (fold()'s composition, the seam marker) are the user's caller's business, not theirs."""
+    """The innermost user frame of a node's stack trace, as "file:line" (empty when unknown, or when every
+    frame is draftfuse's own: fold()'s composition, the seam marker, which no user line stands for)."""
     frames = re.findall(r'File "([^"]+)", line (\d+)', node.meta.get("stack_trace") or "")
     outside = [f for f in frames if not os.path.abspath(f[0]).startswith(_PACKAGE)]
-    frame = (outside or frames)[-1] if frames else None
-    return f"{frame[0]}:{frame[1]}" if frame else ""
+    return f"{outside[-1][0]}:{outside[-1][1]}" if outside else ""
 
 
 def user_code(node: Node) -> str:

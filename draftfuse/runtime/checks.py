@@ -96,12 +96,15 @@ def obstacles(gm: torch.fx.GraphModule, *, allow_dynamic: bool) -> list[DraftCap
     found: list[DraftCaptureError] = []
     for node in gm.graph.nodes:
         if read := host_read(node):
+            sized = isinstance(fake(node), torch.Tensor) and defines_data_dependent_value(node)  # nonzero, unique
             found.append(HostSyncError(
                 f"{read} reads a device value on the host inside the draft: the CPU waits for the GPU there "
                 "and CUDA graphs cannot capture it",
-                where=user_location(node), fix=HOST_SYNC_FIX,
+                where=user_location(node), fix=DATA_DEPENDENT_FIX if sized else HOST_SYNC_FIX,
             ))  # fmt: skip
-        elif defines_data_dependent_value(node):
+        elif defines_data_dependent_value(node) and not any(map(defines_data_dependent_value, node.all_input_nodes)):
+            # where data-dependence starts: what is computed from it (a slice to a length read, its size
+            # asserts) is not another obstacle
             name = node.target if isinstance(node.target, str) else getattr(node.target, "__name__", node.target)
             found.append(HostSyncError(
                 f"`{name}` makes a tensor whose size depends on the data: the host must read that size "
@@ -128,7 +131,7 @@ def obstacles(gm: torch.fx.GraphModule, *, allow_dynamic: bool) -> list[DraftCap
             fix="keep shapes fixed across calls (pad to a few fixed batch sizes), or pass dynamic=True to "
             "draft_loop if one compile for every size is what you want (its CUDA graph is recorded again at each change of size)",
         ))  # fmt: skip
-    return found
+    return list({(type(error), str(error)): error for error in reversed(found)}.values())[::-1]  # a loop's repeats once
 
 
 def written_inputs(gm: torch.fx.GraphModule) -> list[WrittenInput]:
