@@ -267,8 +267,8 @@ class DraftLoop:
         leaves, spec = tree_flatten(out, is_leaf=lambda x: isinstance(x, (list, tuple, dict)) and id(x) in as_is)
         fresh = [i for i, t in enumerate(leaves) if isinstance(t, torch.Tensor) and id(t) not in as_is]
         copied = [i for i in fresh if leaves[i].untyped_storage().data_ptr() not in callers]
-        for i, copy in zip(copied, caller_copies([leaves[i] for i in copied])):
-            leaves[i] = copy
+        for i, duplicate in zip(copied, caller_copies([leaves[i] for i in copied])):
+            leaves[i] = duplicate
         for i in set(fresh) - set(copied):
             leaves[i] = leaves[i].detach()
         return tree_unflatten(leaves, spec)
