@@ -380,3 +380,20 @@ def test_a_loop_that_does_not_take_the_seeds_values_is_named():
     with pytest.raises(GraphBreakError, match="the loop does not take the values the seed returns") as caught:
         draft(torch.arange(4.0))
     assert "allow_in_graph" not in str(caught.value)
+
+
+class _PositionalWorker(Worker):
+    def seed_positional(self, tokens, hidden, seq_lens, /):  # positional-only: the composition takes (*args, **kwargs)
+        return self.seed_step(tokens, hidden, seq_lens)
+
+
+def test_a_range_on_a_positional_only_parameter_is_used():
+    """A seed whose parameters are not all plain is composed as (*args, **kwargs): its positional
+    parameters reach the graph as args[i]; a range keyed by the parameter's name went unused ("no
+    graph input is named 'seq_lens'") and the clamp was not proven away."""
+    worker, args = _PositionalWorker(torch.device("cpu")), worker_args(torch.device("cpu"))
+    draft = fold(worker.seed_positional, worker.draft_steps, value_ranges={"seq_lens": (1, None)})
+    with torch.no_grad():
+        assert torch.equal(draft(*args), worker.draft_steps(*worker.seed_step(*args)))
+    proven = [r.detail for r in merge_report(draft).rewrites if r.rule == "setup merged (proven equal)"]
+    assert any("given args[2] in [1, " in detail for detail in proven), proven

@@ -17,8 +17,9 @@ marker too:
                                            (None: unbounded), so clamps and maxima the two sides
                                            disagree on can be proven equal and computed once (a key
                                            names an input as written: seq_lens, meta.seq_lens for an
-                                           attribute, meta['seq_lens'] for a dict entry; the report lists
-                                           the names when a key matches none);
+                                           attribute, meta['seq_lens'] for a dict entry; a positional-only
+                                           parameter's name too, which the reports show as args[i]; the
+                                           report lists the names when a key matches none);
     drop_buffer_writes=True                the seed's writes into caller buffers that only feed the loop
                                            may be dropped: nothing reads those buffers after the draft.
 
@@ -43,6 +44,7 @@ import inspect
 import itertools
 import linecache
 import os
+import re
 import types
 from collections.abc import Callable, Mapping
 from typing import Any
@@ -203,12 +205,35 @@ def fold(
     **draft_loop_settings: Any,
 ) -> FoldedDraft:
     """Compose `seed` and `loop` into one draft compiled as one captured region (see the module docstring)."""
-    facts = seam_facts(value_ranges=value_ranges, drop_buffer_writes=drop_buffer_writes)
     signature, defaults_of = _seed_signature(seed)  # signature None (a builtin): arguments pass as they come
+    if value_ranges and signature is not None:
+        value_ranges = {_as_passed(key, signature): bounds for key, bounds in value_ranges.items()}
+    facts = seam_facts(value_ranges=value_ranges, drop_buffer_writes=drop_buffer_writes)
     folded, own_parameters = _composition(seed, loop, facts, signature)
     draft = draft_loop(folded, **draft_loop_settings)
     draft.inline_fn = functools.partial(_seed_then_loop, seed, loop)  # traced in an enclosing region: no marker
     return FoldedDraft(seed, loop, draft, None if own_parameters else signature, defaults_of)
+
+
+def _as_passed(key: str, signature: inspect.Signature) -> str:
+    """A value_ranges key for the input as the composition receives it: where the seed's parameters are not
+    all plain, the composition takes (*args, **kwargs) and a parameter passed by position is an element of
+    its args (seq_lens, the seed's positional-only parameter 2, is args[2]; rows[1] of the seed's *rows
+    after two such parameters is args[3])."""
+    kinds = [p.kind for p in signature.parameters.values()]
+    Parameter = inspect.Parameter
+    if all(kind is Parameter.POSITIONAL_OR_KEYWORD for kind in kinds):
+        return key  # the composition takes the seed's own parameters
+    head, rest = re.match(r"(\w*)(.*)", key).groups()
+    keeps_order = Parameter.VAR_POSITIONAL in kinds  # as _by_keyword passes them
+    for position, (name, parameter) in enumerate(signature.parameters.items()):
+        if parameter.kind is Parameter.VAR_POSITIONAL:
+            element = re.match(r"\[(\d+)\](.*)", rest)
+            return f"args[{position + int(element.group(1))}]{element.group(2)}" if name == head and element else key
+        by_position = parameter.kind is Parameter.POSITIONAL_ONLY or parameter.kind is Parameter.POSITIONAL_OR_KEYWORD and keeps_order
+        if name == head:
+            return f"args[{position}]{rest}" if by_position else key
+    return key
 
 
 def _seed_then_loop(seed: Callable[..., Any], loop: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
