@@ -303,6 +303,26 @@ def test_a_draft_method_replaced_on_an_instance_is_the_replacement():
     assert isinstance(worker.draft, DraftLoop) and worker.draft.compiles
 
 
+def test_a_draft_under_two_names_is_replaced_under_one():
+    """`run = propose` in the class body, as workers alias their entry points: `worker.propose = fn`
+    replaced `worker.run` too (the replacement's key was the last name's); as for a plain method, only
+    the name assigned changes, and both names find one bound draft (one compile)."""
+
+    class Aliased(_KvWorker):
+        run = _KvWorker.draft
+
+    worker, h = Aliased(0), torch.randn(2, 8)
+    assert worker.run is worker.draft
+    worker.draft(h)
+    worker.draft = lambda h: "replaced"
+    assert worker.draft(None) == "replaced" and isinstance(worker.run, DraftLoop)
+    assert torch.equal(worker.run(h).indices, _eager_draft(worker, h).indices)
+    worker.run = lambda h: "run replaced"
+    del worker.draft
+    assert worker.run(None) == "run replaced" and len(worker.draft.compiles) == 1
+    assert len(Aliased.run.compiles) == 0 and Aliased.run.__qualname__ == Aliased.draft.__qualname__
+
+
 def test_a_late_assigned_draft_takes_a_replacement_and_a_decorated_override_keeps_one_draft():
     """`Cls.fast = draft_loop(Cls.step)` then `w.fast = fn` before any lookup: the replacement went under an
     empty key and was ignored. A subclass decorating its override and calling the base's through super():

@@ -121,6 +121,9 @@ class DraftLoop:
     # ---- methods: one draft per instance, kept with it under a private name ----
 
     def __set_name__(self, owner: type, name: str) -> None:
+        if self._attribute not in (None, name):  # a second name (run = propose): a descriptor of its own
+            setattr(owner, name, _OtherName(self, owner, name))
+            return
         self._attribute = name
         # the draft's own key (a subclass decorating an override of this method has its own), and the name's
         # replacement (`worker.fast = fn`), which the name finds, not super()
@@ -408,6 +411,21 @@ class DraftLoop:
 def _no_draft() -> None:
     """What a decorated method's draft loads as from a pickled worker: nothing, so that its lookup makes one."""
     return None
+
+
+class _OtherName(DraftLoop):
+    """A draft under a second name of its class (`run = propose`), so that `worker.propose = fn` replaces
+    propose alone, as for a plain method. Calls, compiles and bound drafts are the draft's own."""
+
+    def __init__(self, draft: DraftLoop, owner: type, name: str) -> None:  # the rest is the draft's (__getattr__)
+        self._primary, self._attribute = draft, None
+        self.__set_name__(owner, name)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._primary, name)
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        return self._primary(*args, **kwargs)
 
 
 def _bound_draft(fn: Callable[..., Any], instance: Any, settings: dict[str, Any]) -> DraftLoop:
