@@ -19,6 +19,7 @@ from torch.utils._sympy.functions import FloorDiv, Max, Min, PythonMod
 from torch.utils._sympy.value_ranges import ValueRanges
 
 from draftfuse.passes.prove import prove_equal
+from draftfuse.runtime.draft_loop import draft_loop
 from draftfuse.testing import draft_graphs
 from tests.test_seed_fold import composed
 
@@ -270,3 +271,29 @@ def test_merges_never_change_what_the_graph_computes(setup):
 
     seq_lens = torch.tensor(inputs, dtype=dtype)
     fold(seed, loop, dict(seq_lens=seq_lens), value_ranges={"seq_lens": (low, high)})  # checks the values
+
+
+def _positions_written_after_a_cast_is_stored(positions, hidden, rope_positions):
+    # SGLang-style: int32 positions advanced in place by the loop; the seed stores an int64 copy's
+    # int32 cast in a persistent buffer (proven equal to positions: merged where nothing overwrites it)
+    wide = positions.to(torch.int64)
+    hidden = hidden + wide[:, None].float()
+    rope_positions.copy_(wide.int())
+    for _ in range(2):
+        positions.add_(1)
+        hidden = hidden + positions[:, None].float()
+    return hidden
+
+
+def test_a_merge_does_not_keep_an_input_the_graph_overwrites_before_the_twin_is_read():
+    """The cast was merged into the positions input, and the buffer's copy, which Inductor runs after its
+    copy into positions, stored the advanced positions ([2, 12, 22, 32] where eager stores [0, 10, 20, 30]).
+    A real compile: draft_graphs runs the graph with the input writes after it, as AOT autograd does by default."""
+    def arguments():
+        return torch.arange(4, dtype=torch.int32) * 10, torch.ones(4, 3), torch.zeros(4, dtype=torch.int32)
+
+    want, got = arguments(), arguments()
+    _positions_written_after_a_cast_is_stored(*want)
+    draft_loop(_positions_written_after_a_cast_is_stored, mode=None)(*got)
+    for w, g in zip(want, got):
+        assert torch.equal(w, g), (w, g)

@@ -12,8 +12,9 @@ and in every iteration. This pass, run by draftfuse's post-grad pass on every gr
     two sides look related (one is the other clamped or offset).
 
 Why here: the graph is functional after AOT autograd, so a value never changes after it is computed,
-and merging two nodes needs no reasoning about writes between them (the only writes are the copies
-into mutated inputs at the end, which the effects model sees). Each node carries its dtype, which the
+and merging two nodes needs little reasoning about writes (the only writes are the copies into
+mutated inputs at the end, which the effects model sees: an input they overwrite is not kept for a
+computation read after them). Each node carries its dtype, which the
 proofs need. Two merged nodes must not both reach the outputs (or one an output and the other an
 input): the caller would get one tensor where it had two.
 """
@@ -81,10 +82,14 @@ def _mergeable(node: Node, effects: Effects) -> bool:
 
 def _merge(kept: Node, twin: Node, effects: Effects) -> bool:
     """Point twin's readers at kept; False (nothing done) when the caller would get one tensor where it
-    had two, or when something writes what either reads in between."""
+    had two, when something writes what either reads in between, or when something writes kept's memory
+    before one of twin's readers reads it (an input the graph's last copies overwrite: a reader after
+    them would read the new value where twin held the old)."""
     if effects.would_alias(twin, kept):
         return False
     if effects.writers([*kept.all_input_nodes, *twin.all_input_nodes, kept], kept, twin):
+        return False
+    if effects.writers([kept], twin, max(effects.order[user] for user in twin.users)):
         return False
     twin.replace_all_uses_with(kept)
     twin.graph.erase_node(twin)
