@@ -35,7 +35,7 @@ import torch
 from draftfuse.options import Options
 from draftfuse.runtime import checks
 from draftfuse.runtime.draft_loop import DraftLoop
-from draftfuse.runtime.fold import FoldedDraft, _by_keyword
+from draftfuse.runtime.fold import FoldedDraft
 from draftfuse.runtime.tracing import _Captured, trace_as_draft_loop, trace_before_break
 from draftfuse.runtime.errors import DraftCaptureError
 from draftfuse.runtime.pipeline import Prepared, prepare
@@ -127,9 +127,6 @@ def _as_compiled(fn: Callable[..., Any], args: tuple, kwargs: dict) -> tuple[Cal
     """What a draft_loop or fold compiles for `fn`: the function, its options and dynamic setting, and
     the call's arguments as it passes them (the default options for a plain function)."""
     if isinstance(fn, FoldedDraft):
-        if fn._rebind is not None:
-            positional, kwargs = _by_keyword(fn._rebind, args, kwargs)
-            args = tuple(positional)
         fn = fn.draft
     if isinstance(fn, DraftLoop):
         return fn._fn, fn._options, fn._dynamic, args, kwargs

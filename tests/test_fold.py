@@ -13,7 +13,7 @@ import torch
 from draftfuse import GraphBreakError
 from draftfuse.passes.seed_fold.seam import mark_seam
 from draftfuse.runtime.draft_loop import draft_loop
-from draftfuse.runtime.fold import _by_keyword, fold
+from draftfuse.runtime.fold import fold
 from draftfuse.runtime.replay import _guard_nodes
 from tests.test_seed_fold import frozen_args, server_loop, server_seed
 
@@ -114,16 +114,14 @@ def test_a_seed_returning_one_tensor_is_passed_whole():
     torch.testing.assert_close(draft(x), x.softmax(-1).topk(2).indices, rtol=0, atol=0)
 
 
-def test_arguments_go_by_keyword_where_the_signature_allows():
-    def seed(tokens, /, hidden, *, keys, **extra): ...
+def test_a_call_the_seed_does_not_take_is_named():
+    """The composition passes the call on as it comes to a seed it cannot copy the parameters of: a call
+    that does not fit says so (Dynamo's trace fails to bind it; eager raises TypeError)."""
+    def seed(tokens, /, hidden, *, scale):
+        return tokens + hidden * scale
 
-    def seed_with_star_args(tokens, *rest, scale=1): ...
-
-    signature = inspect.signature(seed)
-    assert _by_keyword(signature, (1, 2), {"keys": 3, "flag": 4}) == ([1], {"hidden": 2, "keys": 3, "flag": 4})
-    assert _by_keyword(inspect.signature(seed_with_star_args), (1, 2, 3), {"scale": 2}) == ([1, 2, 3], {"scale": 2})
-    with pytest.raises(TypeError):
-        _by_keyword(signature, (1,), {})  # the seed's own error, raised before any tracing
+    with pytest.raises(GraphBreakError, match="the seed does not take the draft's arguments"):
+        fold(seed, lambda h: h.argmax(-1))(torch.ones(2), torch.ones(2))
 
 
 @pytest.mark.cuda
@@ -346,15 +344,35 @@ class _CallableSeed:
         return logits * scale, logits.shape[0]
 
 
-def test_a_wrapper_seed_is_called_with_its_own_parameters_and_one_that_hides_them_is_named():
-    """inspect.signature follows __wrapped__: a wrapper of parameters (logits, flip) that fills the
-    wrapped seed's `scale` is called as the wrapper (eager: seed(logits, flip=True)); a (*args, **kwargs)
-    wrapper that adds an argument does not fit the wrapped parameters, and the TypeError says so."""
-    seed = _fills_scale(_scale_by)
+def _fills_when_left_out(fn):
+    @functools.wraps(fn)  # a config default, as servers decorate sampling steps: only where the call leaves it out
+    def wrapper(*args, **kwargs):
+        kwargs.setdefault("scale", -1.0)
+        return fn(*args, **kwargs)
+
+    return wrapper
+
+
+@_fills_when_left_out
+def _scaled_by_config(logits, scale=1.0):
+    return logits * scale, logits.shape[0]
+
+
+def test_a_wrapper_seed_is_called_as_eager_calls_it():
+    """inspect.signature follows __wrapped__. A wrapper of parameters (logits, flip) that fills the wrapped
+    seed's `scale` raised TypeError (the draft took (logits, scale)); a (*args, **kwargs) wrapper that adds
+    an argument too; one that fills `scale` only where the call leaves it out never did (the composition
+    passed scale=1.0, the wrapped default: other tokens, no error). Each is called with the draft's
+    arguments as they come, and a range still names the wrapped parameter."""
     logits = torch.tensor([[3.0, 1.0, 2.0, 0.0]])
+    seed = _fills_scale(_scale_by)
     assert torch.equal(fold(seed, _top2)(logits, flip=True), _top2(*seed(logits, flip=True)))
-    with pytest.raises(TypeError, match=r"does not fit the seed's parameters \(logits, scale\) \(read through the seed's __wrapped__"):
-        fold(_injects_scale(_scale_by), _top2)(logits)
+    seed = _injects_scale(_scale_by)
+    assert torch.equal(fold(seed, _top2)(logits), _top2(*seed(logits)))
+    draft = fold(_scaled_by_config, _top2)
+    for call in range(3):
+        assert torch.equal(draft(logits), _top2(*_scaled_by_config(logits))), call
+    assert torch.equal(draft(logits, scale=2.0), _top2(*_scaled_by_config(logits, scale=2.0)))
 
 
 def test_a_callable_objects_default_replaced_after_fold_is_read_per_call():
@@ -396,4 +414,4 @@ def test_a_range_on_a_positional_only_parameter_is_used():
     with torch.no_grad():
         assert torch.equal(draft(*args), worker.draft_steps(*worker.seed_step(*args)))
     proven = [r.detail for r in merge_report(draft).rewrites if r.rule == "setup merged (proven equal)"]
-    assert any("given args[2] in [1, " in detail for detail in proven), proven
+    assert any("given seq_lens in [1, " in detail for detail in proven), proven

@@ -17,9 +17,8 @@ marker too:
                                            (None: unbounded), so clamps and maxima the two sides
                                            disagree on can be proven equal and computed once (a key
                                            names an input as written: seq_lens, meta.seq_lens for an
-                                           attribute, meta['seq_lens'] for a dict entry; a positional-only
-                                           parameter's name too, which the reports show as args[i]; the
-                                           report lists the names when a key matches none);
+                                           attribute, meta['seq_lens'] for a dict entry; the reports list
+                                           the names when a key matches none);
     drop_buffer_writes=True                the seed's writes into caller buffers that only feed the loop
                                            may be dropped: nothing reads those buffers after the draft.
 
@@ -30,11 +29,12 @@ marker (that region's backend would not remove it).
 The compiled function is generated for each fold with the seed's own parameters (a seed of plain
 positional-or-keyword parameters, the usual one): a call passes through to draft_loop, which binds it
 once, and the graph inputs carry the seed's parameter names (Dynamo names them after the source), so
-`value_ranges` can name them. A seed with other kinds of parameters gets `(*args, **kwargs)`, its
-arguments passed by keyword where its signature allows. A seed's parameters are those a call binds to: a
-decorator's wrapper that takes (*args, **kwargs) and names the seed it wraps (functools.wraps, as
-torch.no_grad() and inference_mode() do) is taken to pass them on, so the seed's own are used; a wrapper
-with parameters of its own is called with those. Limits: as for draft_loop.
+`value_ranges` can name them. Any other seed is called with the draft's arguments as they come, through
+`(*args, **kwargs)`: one with other kinds of parameters, and one behind a decorator's wrapper that takes
+(*args, **kwargs) and names the function it wraps (functools.wraps, as torch.no_grad() and
+inference_mode() do), which may fill what a call leaves out. value_ranges still names their inputs by
+the parameters of the wrapped function, whether a call passes them by position or by keyword. Limits:
+as for draft_loop.
 """
 
 from __future__ import annotations
@@ -51,6 +51,7 @@ from typing import Any
 
 from draftfuse.passes.seed_fold.seam import mark_seam_undoable, seam_facts, unmark_seam
 from draftfuse.runtime.draft_loop import DraftLoop, draft_loop
+from draftfuse.runtime.translate import FOLD_SEED_LINE
 
 _generated = itertools.count()  # each fold's source file has a name of its own
 
@@ -59,53 +60,31 @@ class FoldedDraft:
     """`loop(*seed(...))` compiled as one region; see the module docstring. `.draft` is the DraftLoop
     that runs it (its `.compiles` hold the compile records and pass reports)."""
 
-    def __init__(self, seed: Callable[..., Any], loop: Callable[..., Any], draft: DraftLoop, rebind: inspect.Signature | None, defaults_of: Any = None) -> None:
+    def __init__(self, seed: Callable[..., Any], loop: Callable[..., Any], draft: DraftLoop, defaults_of: Any = None) -> None:
         self.seed, self.loop, self.draft = seed, loop, draft
-        self._rebind = rebind  # the seed's signature, to pass arguments by keyword; None: a call passes through
         # the function whose __defaults__ the composition's were copied from (None: none to follow)
-        self._defaults_of = _same_defaults(defaults_of, draft._fn.__defaults__) if rebind is None else None
+        self._defaults_of = _same_defaults(defaults_of, draft._fn.__defaults__)
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
-        if self._rebind is None:
-            # the composition takes the seed's parameters and defaults: those as they are now (a seed's
-            # __defaults__ may be replaced after fold; the composition's were copied from it)
-            if self._defaults_of is not None:
-                defaults, composition = self._defaults_of.__defaults__, self.draft._fn
-                if composition.__defaults__ is not defaults:
-                    composition.__defaults__ = defaults
-            try:
-                return self.draft(*args, **kwargs)
-            except TypeError as e:
-                self._raise_unbound(e, args, kwargs)
-                raise
-        positional, keywords = _by_keyword(self._rebind, args, kwargs)
-        return self.draft(*positional, **keywords)
+        # a composition of the seed's own parameters takes its defaults as they are now (a seed's __defaults__
+        # may be replaced after fold; the composition's were copied from it)
+        if self._defaults_of is not None:
+            defaults, composition = self._defaults_of.__defaults__, self.draft._fn
+            if composition.__defaults__ is not defaults:
+                composition.__defaults__ = defaults
+        return self.draft(*args, **kwargs)
 
     def __repr__(self) -> str:
         return f"fold({_name(self.seed)}, {_name(self.loop)})"
 
-    def _raise_unbound(self, error: TypeError, args: tuple, kwargs: dict) -> None:
-        """Raise a TypeError that says why, if the call does not fit the parameters fold gave the draft."""
-        signature = inspect.signature(self.draft._fn)
-        try:
-            signature.bind(*args, **kwargs)
-        except TypeError:
-            read = ""
-            if hasattr(getattr(self.seed, "__func__", self.seed), "__wrapped__"):
-                read = (" (read through the seed's __wrapped__: a functools.wraps wrapper that takes (*args, **kwargs) is "
-                        "taken to pass them on unchanged; one that adds arguments should take the parameters it is called with)")
-            raise TypeError(f"{self!r}: the call does not fit the seed's parameters {signature}{read}: {error}") from error
 
-
-def _composition(seed: Callable[..., Any], loop: Callable[..., Any], facts: Any, signature: inspect.Signature | None) -> tuple[Callable[..., Any], bool]:
-    """The function draft_loop compiles, and whether it takes the seed's own parameters. The usual seed
-    takes plain parameters (positional or keyword): the composition is then generated with the same
-    parameters and defaults, so a call passes straight through and is bound once, by draft_loop's
-    replay path, and the graph inputs carry the seed's parameter names. Any other signature gets
-    `(*args, **kwargs)`, the arguments passed by keyword where the seed allows (see _by_keyword)."""
-    parameters = list(signature.parameters.values()) if signature is not None else []
-    plain = signature is not None and all(p.kind is inspect.Parameter.POSITIONAL_OR_KEYWORD for p in parameters)
-    names = ", ".join(p.name for p in parameters) if plain else "*args, **kwargs"
+def _composition(seed: Callable[..., Any], loop: Callable[..., Any], facts: Any, parameters: list[inspect.Parameter] | None) -> Callable[..., Any]:
+    """The function draft_loop compiles. The usual seed takes plain parameters (positional or keyword) of
+    its own: the composition is generated with the same `parameters` and defaults, so a call is bound
+    once, by draft_loop's replay path, and the graph inputs carry the seed's parameter names. Any other
+    seed (other kinds of parameters, or parameters read through a wrapper's __wrapped__, which may fill
+    what a call leaves out) gets `(*args, **kwargs)` (`parameters` None), and is called with them as they come."""
+    names = ", ".join(p.name for p in parameters) if parameters is not None else "*args, **kwargs"
     # seed, loop and the rest are the closure's (as in a function written by hand, so Dynamo reads them as
     # the frame's own values), with names no parameter of the seed takes
     source = (
@@ -126,18 +105,20 @@ def _composition(seed: Callable[..., Any], loop: Callable[..., Any], facts: Any,
     linecache.cache[filename] = (len(source), None, source.splitlines(keepends=True), filename)
     exec(compile(source, filename, "exec"), scope)
     folded = scope["make"](seed, loop, mark_seam_undoable, unmark_seam, facts, tuple, isinstance)
-    if plain:
+    assert "_df_seed_(" in source.splitlines()[FOLD_SEED_LINE - 1]  # where translate looks for a call that does not bind
+    if parameters is not None:
         folded.__defaults__ = tuple(p.default for p in parameters if p.default is not inspect.Parameter.empty) or None
     folded.__qualname__ = f"fold({_name(seed)}, {_name(loop)})"
-    return folded, plain
+    return folded
 
 
-def _seed_signature(seed: Callable[..., Any]) -> tuple[inspect.Signature | None, Any]:
-    """The parameters a call of the seed binds to, and the function that holds their defaults (None: none
-    to follow, as for a partial). A wrapper that names the function it wraps (functools.wraps) and takes
-    `(*args, **kwargs)` passes its arguments on, as torch.no_grad() and inference_mode() do: the
-    parameters are the wrapped function's. A wrapper with parameters of its own is called with those (it
-    may add or fill arguments of the wrapped function). A callable object's are its class's __call__'s."""
+def _seed_signature(seed: Callable[..., Any]) -> tuple[inspect.Signature | None, Any, bool]:
+    """The seed's parameters, the function that holds their defaults (None: none to follow, as for a
+    partial), and whether they are those of the function a call reaches (False: read through a wrapper's
+    __wrapped__, for the names of graph inputs only). A wrapper that names the function it wraps
+    (functools.wraps) and takes `(*args, **kwargs)` passes its arguments on, as torch.no_grad() and
+    inference_mode() do: the parameters are the wrapped function's. A wrapper with parameters of its own
+    is called with those. A callable object's are its class's __call__'s."""
     if isinstance(seed, types.MethodType):
         holder, fn = seed.__self__, seed.__func__
     elif isinstance(seed, types.FunctionType):
@@ -146,15 +127,15 @@ def _seed_signature(seed: Callable[..., Any]) -> tuple[inspect.Signature | None,
         holder, fn = seed, type(seed).__call__
     else:  # a partial, a builtin, a class
         try:
-            return inspect.signature(seed), None
+            return inspect.signature(seed), None, False
         except (TypeError, ValueError):
-            return None, None
-    fn = inspect.unwrap(fn, stop=lambda f: not _forwards(f))
+            return None, None, False
+    called, fn = fn, inspect.unwrap(fn, stop=lambda f: not _forwards(f))
     try:
         signature = inspect.signature(fn if holder is None else types.MethodType(fn, holder), follow_wrapped=False)
     except (TypeError, ValueError):
-        return None, None
-    return signature, fn if isinstance(fn, types.FunctionType) else None
+        return None, None, False
+    return signature, fn if isinstance(fn, types.FunctionType) else None, fn is called
 
 
 def _forwards(fn: Any) -> bool:
@@ -177,25 +158,6 @@ def _name(fn: Callable[..., Any]) -> str:
     return getattr(fn, "__qualname__", repr(fn))
 
 
-def _by_keyword(signature: inspect.Signature, args: tuple, kwargs: dict) -> tuple[list, dict]:
-    """The same call with every argument that may go by keyword passed by keyword."""
-    bound = signature.bind(*args, **kwargs)
-    Parameter = inspect.Parameter
-    keeps_order = any(p.kind is Parameter.VAR_POSITIONAL for p in signature.parameters.values())
-    positional, keywords = [], {}
-    for name, value in bound.arguments.items():
-        kind = signature.parameters[name].kind
-        if kind is Parameter.VAR_POSITIONAL:
-            positional.extend(value)
-        elif kind is Parameter.VAR_KEYWORD:
-            keywords.update(value)
-        elif kind is Parameter.POSITIONAL_ONLY or kind is Parameter.POSITIONAL_OR_KEYWORD and keeps_order:
-            positional.append(value)  # before a *args, a name would collide with the positional slot
-        else:
-            keywords[name] = value
-    return positional, keywords
-
-
 def fold(
     seed: Callable[..., Any],
     loop: Callable[..., Any],
@@ -205,34 +167,29 @@ def fold(
     **draft_loop_settings: Any,
 ) -> FoldedDraft:
     """Compose `seed` and `loop` into one draft compiled as one captured region (see the module docstring)."""
-    signature, defaults_of = _seed_signature(seed)  # signature None (a builtin): arguments pass as they come
-    if value_ranges and signature is not None:
-        value_ranges = {_as_passed(key, signature): bounds for key, bounds in value_ranges.items()}
-    facts = seam_facts(value_ranges=value_ranges, drop_buffer_writes=drop_buffer_writes)
-    folded, own_parameters = _composition(seed, loop, facts, signature)
+    signature, defaults_of, own = _seed_signature(seed)  # signature None (a builtin): arguments pass as they come
+    plain = own and all(p.kind is inspect.Parameter.POSITIONAL_OR_KEYWORD for p in signature.parameters.values())
+    facts = seam_facts(value_ranges=value_ranges, drop_buffer_writes=drop_buffer_writes)  # checked as given
+    if value_ranges and signature is not None and not plain:
+        received = {_as_received(key, signature): bounds for key, bounds in value_ranges.items()}
+        facts = seam_facts(value_ranges=received, drop_buffer_writes=drop_buffer_writes)
+    folded = _composition(seed, loop, facts, list(signature.parameters.values()) if plain else None)
     draft = draft_loop(folded, **draft_loop_settings)
     draft.inline_fn = functools.partial(_seed_then_loop, seed, loop)  # traced in an enclosing region: no marker
-    return FoldedDraft(seed, loop, draft, None if own_parameters else signature, defaults_of)
+    return FoldedDraft(seed, loop, draft, defaults_of if plain else None)
 
 
-def _as_passed(key: str, signature: inspect.Signature) -> str:
-    """A value_ranges key for the input as the composition receives it: where the seed's parameters are not
-    all plain, the composition takes (*args, **kwargs) and a parameter passed by position is an element of
-    its args (seq_lens, the seed's positional-only parameter 2, is args[2]; rows[1] of the seed's *rows
-    after two such parameters is args[3])."""
-    kinds = [p.kind for p in signature.parameters.values()]
-    Parameter = inspect.Parameter
-    if all(kind is Parameter.POSITIONAL_OR_KEYWORD for kind in kinds):
-        return key  # the composition takes the seed's own parameters
+def _as_received(key: str, signature: inspect.Signature) -> str:
+    """A value_ranges key of a composition that takes (*args, **kwargs), with the spelling of its input
+    when the call passes it by position: seq_lens, the seed's parameter 2, is args[2] then (the key becomes
+    "seq_lens|args[2]": the pass takes either); rows[1] of the seed's *rows after two parameters is args[3]."""
     head, rest = re.match(r"(\w*)(.*)", key).groups()
-    keeps_order = Parameter.VAR_POSITIONAL in kinds  # as _by_keyword passes them
     for position, (name, parameter) in enumerate(signature.parameters.items()):
-        if parameter.kind is Parameter.VAR_POSITIONAL:
+        if parameter.kind is inspect.Parameter.VAR_POSITIONAL:
             element = re.match(r"\[(\d+)\](.*)", rest)
-            return f"args[{position + int(element.group(1))}]{element.group(2)}" if name == head and element else key
-        by_position = parameter.kind is Parameter.POSITIONAL_ONLY or parameter.kind is Parameter.POSITIONAL_OR_KEYWORD and keeps_order
-        if name == head:
-            return f"args[{position}]{rest}" if by_position else key
+            return f"{key}|args[{position + int(element.group(1))}]{element.group(2)}" if name == head and element else key
+        if parameter.kind in (inspect.Parameter.POSITIONAL_ONLY, inspect.Parameter.POSITIONAL_OR_KEYWORD) and name == head:
+            return f"{key}|args[{position}]{rest}"
     return key
 
 

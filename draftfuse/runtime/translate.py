@@ -32,6 +32,7 @@ _BRANCH = re.compile(r"branch|jump|if statement|control flow", re.I)
 _BRANCH_FIX = "compute both sides and pick with torch.where (or use torch.cond): a draft must not decide on the host"
 # a Python decision (if, bool(), a comparison) on a value read from a tensor, traced as a symbol (u0 > 5)
 _UNBOUND = re.compile(r"failed to bind arguments|argument mismatch", re.I)  # a call whose arguments do not bind
+FOLD_SEED_LINE = 3  # the line of fold's generated composition that calls the seed (the next calls the loop)
 _DECISION = re.compile(r"guard on data-dependent expression", re.I)
 
 
@@ -61,14 +62,16 @@ def _classify(title: str, explanation: str, where: str, first_host_read: str = "
             where=where,
             fix="check the arguments before calling the draft, or assert on tensors inside it with torch._assert_async",
         )
-    if _UNBOUND.search(text):  # eager raises TypeError there
-        in_fold = "<fold of " in where
+    if _UNBOUND.search(text):
+        # in fold's composition, line FOLD_SEED_LINE calls the seed with the draft's arguments, the next the loop
+        fold_line = int(where.rpartition(":")[2]) if "<fold of " in where else 0
+        what = {FOLD_SEED_LINE: "the seed does not take the draft's arguments (seed(...) raises TypeError eagerly)",
+                FOLD_SEED_LINE + 1: "the loop does not take the values the seed returns (loop(*seed(...)) raises TypeError eagerly)"}
         return GraphBreakError(
-            f"the loop does not take the values the seed returns (loop(*seed(...)) raises TypeError eagerly): {explanation or title}" if in_fold
-            else f"a call's arguments do not fit the called function's parameters (eager raises TypeError): {explanation or title}",
+            f"{what.get(fold_line, 'a call whose arguments do not fit the parameters of the function it calls, as Dynamo binds them')}: {explanation or title}",
             where=where,
-            fix="make the seed return what the loop takes, in order (a tuple is passed as separate arguments)" if in_fold
-            else "call the function with the arguments it takes",
+            fix="make the seed return what the loop takes, in order (a tuple is passed as separate arguments)" if fold_line == FOLD_SEED_LINE + 1
+            else "call it with the arguments it takes",
         )
     if _BRANCH.search(title):
         return GraphBreakError(f"graph break: {title}" + (f" ({explanation})" if explanation else ""), where=where, fix=_BRANCH_FIX)

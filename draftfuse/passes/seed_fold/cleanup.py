@@ -85,8 +85,9 @@ def declare_ranges(graph: torch.fx.Graph, effects: Effects, report: PassReport, 
     """Put `draftfuse::assume_range` on each input with a declared range, for the post-grad proofs."""
     placeholders = graph.find_nodes(op="placeholder")
     written = effects.written_inputs()
-    for key, (low, high) in sorted(value_ranges.items()):
-        found = [p for p in placeholders if key in _spellings(p)]
+    for spelled, (low, high) in sorted(value_ranges.items()):
+        key, *others = spelled.split("|")  # the user's key, then other spellings of its input (fold's args[i])
+        found = [p for p in placeholders if {key, *others} & _spellings(p)]
         if not found:
             names = ", ".join(sorted({min(_spellings(p), key=len) for p in placeholders if is_integer(fake_tensor(p))}))
             report.notes.append(f"value_ranges: no graph input is named {key!r}; its range is unused (integer inputs: {names})")
@@ -95,6 +96,10 @@ def declare_ranges(graph: torch.fx.Graph, effects: Effects, report: PassReport, 
         value = fake_tensor(placeholder)
         if not is_integer(value):
             report.notes.append(f"value_ranges: {key!r} is not an integer tensor; its range is unused")
+            continue
+        info = torch.iinfo(value.dtype)
+        if low is not None and low > info.max or high is not None and high < info.min:
+            report.notes.append(f"value_ranges: no {value.dtype} value lies in {key!r}'s range [{low}, {high}]; it is unused")
             continue
         if placeholder in written:
             where = user_location(written[placeholder])
