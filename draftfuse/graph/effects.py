@@ -150,6 +150,9 @@ def written_values(node: Node) -> list[Node] | None:
     overloads = _overloads(node)
     if overloads is None:
         return written if _is_plain_python(node) else None
+    # `out=`, a tuple for ops of several outputs (sort, topk, cummax, frexp), whose schema names each
+    # written argument apart (values, indices), so the lookup by name below misses them
+    written += [a for a in tree_leaves(node.kwargs.get("out")) if isinstance(a, Node)]
     for overload in overloads:
         for position, argument in enumerate(overload._schema.arguments):
             if argument.alias_info is not None and argument.alias_info.is_write:
