@@ -104,7 +104,6 @@ def sort_into_probs(x, q):
     return probs.topk(2, -1)
 
 
-
 def frexp_into_probs(x, q):
     probs = torch.softmax(x, -1)
     torch.frexp(probs * q, out=(probs, torch.empty(4, 16, dtype=torch.int32)))
