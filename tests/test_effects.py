@@ -268,3 +268,41 @@ def test_randomness_comes_from_the_op_tag(op):
     graph = _graph(f, torch.rand(3))
     node = next(n for n in graph.nodes if n.target is op)
     assert is_random(node)
+
+
+# ---- dtypes the selection cannot read: the logits are peeled back no further ----
+_CLOSE = torch.tensor([[2.00, 2.04, -3.0, -3.0]])  # probabilities 0.49 / 0.51: one value in float8
+
+
+def fp8_logits_upcast(x):
+    return torch.softmax(x.to(torch.float8_e4m3fn).float() / 0.7, -1).topk(2, -1)
+
+
+def bool_mask_scaled(x):
+    return torch.softmax((x > 0) * 2.0, -1).topk(2, -1)
+
+
+def uint16_scaled(x):
+    return torch.softmax(x.abs().to(torch.uint16) * 2.0, -1).argmax(-1)
+
+
+def fp8_probabilities(x):
+    return torch.softmax(x, -1).to(torch.float8_e4m3fn).float().argmax(-1)
+
+
+@pytest.mark.parametrize("fn", [fp8_logits_upcast, bool_mask_scaled, uint16_scaled])
+def test_logits_of_a_dtype_topk_cannot_read_are_not_peeled_to(fn):
+    """float8 -> float32 is exact and x * 2.0 a positive scale, so the logits were peeled back to the
+    float8, bool or uint16 tensor, which topk and argmax have no kernel for: valid drafts failed to
+    compile. The selection now reads the first tensor of a dtype they take; tokens are eager's."""
+    x = torch.randn(4, 16, generator=torch.Generator().manual_seed(1)) * 4
+    report = run_both(fn, x)
+    assert len(report.rewrites) == 1, str(report)
+
+
+def test_probabilities_rounded_to_float8_are_not_rewritten():
+    """Two probabilities 0.02 apart are one float8 value: the original picks the lower index, the
+    rewrite picked the larger logit, with half_probs="keep" too and no note (fp16/bf16 rounding is the
+    documented case; float8 is refused)."""
+    report = run_both(fp8_probabilities, _CLOSE)
+    assert report.rewrites == [] and "float8" in report.refusals[0].reason

@@ -45,6 +45,9 @@ from draftfuse.passes.driver import Refuse
 aten = torch.ops.aten
 prims = torch.ops.prims
 HALF = (torch.float16, torch.bfloat16)
+# what torch's topk and argmax select on, on the CPU and CUDA (not bool, uint16/32/64, float8): the
+# logits are peeled back to a tensor of one of these only
+SELECTABLE = (torch.float16, torch.bfloat16, torch.float32, torch.float64, torch.uint8, torch.int8, torch.int16, torch.int32, torch.int64)
 # torch 2.11's Inductor computes topk(x, k, dim) over a dim other than the last (or over a permuted view)
 # from x as written by later in-place writes of the graph: topk(x, 3, 0), then x[..., 2] = v and x.neg_(),
 # gave the indices of the written x (a clone of x before the topk did not help; 2.13 is right). Such a
@@ -184,6 +187,8 @@ def _peel_casts_after_softmax(sel: Selection) -> tuple[Node, list[torch.dtype], 
         src, dtype = cast
         if not (isinstance(dtype, torch.dtype) and dtype.is_floating_point):
             raise Refuse(f"cast to {dtype} between softmax and selection changes the order")
+        if dtype.itemsize == 1:  # 3 or 2 mantissa bits: ties everywhere, where the original picks the lowest index
+            raise Refuse(f"cast to {dtype} between softmax and selection: most close probabilities round to one value")
         casts.insert(0, dtype)
         cast_nodes.append(node)
         node = src
@@ -211,6 +216,10 @@ def peel_scaled_logits(scores: Node, dim: int | None) -> tuple[Node, list[Node],
     softmax dim) is given and t is constant along it: the selection then follows the sign of t."""
     node, peeled, factor, tensor = scores, [], 1.0, None
     while True:
+        below = as_cast(node) or as_scale(node)
+        source = fake_tensor(below[0]) if below is not None and isinstance(below[0], Node) else None
+        if source is None or source.dtype not in SELECTABLE:
+            return node, peeled, factor, tensor  # the selection reads this node (topk of bool or float8: none)
         if (cast := as_cast(node)) is not None:
             src, dtype = cast
             source = fake_tensor(src)
