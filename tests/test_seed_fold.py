@@ -1279,6 +1279,26 @@ class SeedFoldRegions(TestCase):
         self.assertNotIn(".item()", graph_text(result.graph_module))
         torch.testing.assert_close(result.graph_module(*inputs)[0], loop(*seed(torch.tensor([3, 6]))), rtol=0, atol=0)
 
+    def test_item_round_trip_into_a_narrower_dtype_is_kept(self):
+        """full((n,), x.item(), dtype=int16) raises for 40000 where x.to(int16) wraps to -25536: the round
+        trip stays (a host read, named as one) unless the result dtype holds every source value."""
+        def seed(seq_lens):
+            return seq_lens.max().item(), seq_lens
+
+        def narrow(longest, seq_lens):
+            return torch.full((B, 3), longest, dtype=torch.int16)
+
+        def wide(longest, seq_lens):
+            return torch.full((B, 3), longest, dtype=torch.float64)
+
+        for loop, removed in ((narrow, False), (wide, True)):
+            with torch._dynamo.config.patch(capture_scalar_outputs=True):
+                gm, inputs = capture(composed(seed, loop), dict(seq_lens=torch.tensor([3, 6])))  # int64: 40000 would raise
+            result = fold_seed(gm)
+            self.assertEqual("host round trip removed" in [r.rule for r in result.report.rewrites], removed)
+            if not removed:
+                self.assertIn("may not be its cast", result.report.refusals[0].reason)
+
     def test_outputs_are_never_made_to_share_memory(self):
         def seed(x):
             return x * 2, x

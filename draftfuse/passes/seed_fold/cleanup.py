@@ -176,8 +176,9 @@ def remove_item_round_trips(graph: torch.fx.Graph, effects: Effects, report: Pas
             fill = user.args[1 if name == "full" else 0] if len(user.args) > (name == "full") else None
             if fill is not item or value.device != source_value.device or not all(isinstance(s, int) for s in value.shape):
                 continue
-            if source_value.is_floating_point() and not value.is_floating_point():
-                continue  # full() would round the Python float; keep it
+            if not _fills_alike(source_value.dtype, value.dtype):  # full() rounds a Python float, or raises where the cast wraps
+                report.refuse(user, f"{source.name}.item() round trip kept: full() of a {source_value.dtype} value as {value.dtype} may not be its cast")
+                continue
             if effects.writers([source], item, user):
                 report.refuse(user, f"{source.name}.item() round trip kept: {source.name} is written in between")
                 continue
@@ -192,6 +193,20 @@ def remove_item_round_trips(graph: torch.fx.Graph, effects: Effects, report: Pas
             report.rewrites.append(Rewrite("host round trip removed", tuple(erased), detail, user_location(user)))
             changed = True
     return changed
+
+
+def _fills_alike(source: torch.dtype, result: torch.dtype) -> bool:
+    """Whether full(shape, x.item(), dtype=result) and x.to(result) agree for every x of dtype `source`:
+    full() raises where a value does not fit (int16 of 40000, float16 of 70000), the cast wraps or gives
+    inf; an integer full() of a float truncates nothing, it raises or rounds; so the result's range must
+    hold the source's."""
+    if source == result or source == torch.bool or result == torch.bool:
+        return True
+    if source.is_complex or result.is_complex or (source.is_floating_point and not result.is_floating_point):
+        return False
+    wide = torch.finfo(result) if result.is_floating_point else torch.iinfo(result)
+    narrow = torch.finfo(source) if source.is_floating_point else torch.iinfo(source)
+    return wide.min <= narrow.min and wide.max >= narrow.max
 
 
 # --------------------------------------------------------------------------------------------------
