@@ -297,3 +297,31 @@ def test_a_merge_does_not_keep_an_input_the_graph_overwrites_before_the_twin_is_
     draft_loop(_positions_written_after_a_cast_is_stored, mode=None)(*got)
     for w, g in zip(want, got):
         assert torch.equal(w, g), (w, g)
+
+
+@pytest.mark.slow  # an Inductor compile per example: about 2 s each on a 2-core CPU
+@settings(max_examples=12, deadline=None, derandomize=True)
+@given(setups())
+def test_merges_never_read_an_input_after_the_graph_overwrites_it(setup):
+    """The property above with the hazard: the loop stores a value (proven equal to seq_lens, or not) in a
+    buffer, then advances seq_lens in place; through a real compile, buffers and outputs are eager's."""
+    dtype, (low, high), seed_steps, loop_steps, inputs = setup
+
+    def seed(seq_lens, out):
+        return apply(seq_lens, seed_steps), seq_lens, out
+
+    def loop(value, seq_lens, out):
+        out.copy_(apply(seq_lens, loop_steps) + 0)  # a computed value: torch.compile copies an input itself too late (README)
+        seq_lens.add_(1)
+        return value.long()
+
+    def arguments():
+        seq_lens = torch.tensor(inputs, dtype=dtype)
+        return {"seq_lens": seq_lens, "out": torch.zeros_like(apply(seq_lens, loop_steps))}
+
+    want_args, got_args = arguments(), arguments()
+    want = loop(*seed(**want_args))
+    got = draft_loop(composed(seed, loop, value_ranges={"seq_lens": (low, high)}), mode=None)(**got_args)
+    assert torch.equal(got, want)
+    for name in want_args:
+        assert torch.equal(got_args[name], want_args[name]), (name, got_args[name], want_args[name])
