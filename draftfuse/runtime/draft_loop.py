@@ -37,8 +37,7 @@ checks (checks.py) -> lower (Inductor, draftfuse's post-grad pass) -> replay. On
 Each draft (each instance's, for methods) compiles its own copy of the function's code object, so
 Dynamo's compile cache and recompile limit are the draft's own: `max_compiles` governs however many
 drafts or worker instances exist, above torch's global recompile_limit when asked (the limit is raised
-only while the draft compiles). Methods: the bound draft is stored on the instance under the name
-the draft was assigned to in the class (`Cls.fast = draft_loop(Cls.step)` stores it as `fast`).
+only while the draft compiles). Methods: methods.py (one bound draft per instance, kept with it).
 """
 
 from __future__ import annotations
@@ -63,6 +62,7 @@ from draftfuse.options import Options
 from draftfuse.runtime import checks
 from draftfuse.runtime.binding import binder, sync_defaults
 from draftfuse.runtime.errors import DraftCaptureError, RecompileError
+from draftfuse.runtime.methods import AsMethod
 from draftfuse.runtime.pipeline import CompileRecord, lower, prepare
 from draftfuse.runtime.recorder import GraphRecorder, caller_copies, log
 from draftfuse.runtime.replay import Replay, argument_paths, warn_no_fast_replay
@@ -74,10 +74,7 @@ _CPU_WARNING = (
 )
 
 
-_UNSET = object()
-
-
-class DraftLoop:
+class DraftLoop(AsMethod):
     """A draft function (or a method bound to one instance) compiled as one region; see the module doc."""
 
     def __init__(
@@ -118,68 +115,6 @@ class DraftLoop:
         self._current_call: tuple[tuple, dict] | None = None
         self._warned_cpu = self._warn_cpu = False
 
-    # ---- methods: one draft per instance, kept with it under a private name ----
-
-    def __set_name__(self, owner: type, name: str) -> None:
-        if self._attribute not in (None, name):  # a second name (run = propose): a descriptor of its own
-            setattr(owner, name, _OtherName(self, owner, name))
-            return
-        self._attribute = name
-        # the draft's own key (a subclass decorating an override of this method has its own), and the name's
-        # replacement (`worker.fast = fn`), which the name finds, not super()
-        self._keys = (f"_draftfuse_{getattr(self._fn, '__qualname__', name)}", f"_draftfuse_set_{name}")
-
-    def _attribute_in(self, owner: type) -> str:
-        if self._attribute is None:  # assigned after the class was made: Cls.fast = draft_loop(Cls.step)
-            self.__set_name__(owner, next((k for c in owner.__mro__ for k, v in vars(c).items() if v is self), self.__name__))
-        return self._attribute
-
-    def __get__(self, instance: Any, owner: type | None = None) -> Any:
-        """The draft bound to `instance`, made on its first lookup and kept in the instance's __dict__
-        under a private name (or here, by identity, for an instance without one). A data descriptor, so
-        every lookup comes here (~0.3 µs on this project's CPU machine, 0.03 for a __dict__ hit): a draft
-        bound to another instance (found in the __dict__ of a copy.copy) or made by another draft_loop is
-        never returned, and a subclass's override of the method stays what its name finds (it reaches this
-        draft through super())."""
-        if instance is None:
-            return self
-        name = self._attribute_in(owner or type(instance))
-        key, set_key = self._keys
-        store = getattr(instance, "__dict__", None)
-        if store is not None:
-            # a replacement assigned to the name stands for this draft only where the class resolves the
-            # name to it (not for super() past a subclass's override)
-            if set_key in store and inspect.getattr_static(type(instance), name, None) is self:
-                return store[set_key]
-            bound = store.get(key)
-        else:
-            bound = self._bound.get(id(instance))
-        if isinstance(bound, DraftLoop) and bound._instance is instance and bound._fn is self._fn:
-            return bound
-        bound = _bound_draft(self._fn, instance, self._settings())
-        bound._looked_up = True  # made again on the next lookup: never pickled (its function's name is this draft's)
-        if store is not None:
-            store[key] = bound
-        else:
-            self._bound[id(instance)] = bound
-        return bound
-
-    def __set__(self, instance: Any, value: Any) -> None:
-        """`worker.draft = fn` replaces the method on that instance, as for a plain method."""
-        name = self._attribute_in(type(instance))
-        store = getattr(instance, "__dict__", None)
-        if store is None:
-            raise AttributeError(f"{type(instance).__name__!r} object has no __dict__ to hold {name!r}")
-        store[self._keys[1]] = value
-
-    def __delete__(self, instance: Any) -> None:
-        """`del worker.draft`: the replacement if one was assigned, else the instance's draft (its compiled
-        code and recordings are freed; the next lookup makes a new one)."""
-        name = self._attribute_in(type(instance))
-        store = getattr(instance, "__dict__", None)
-        if store is None or (store.pop(self._keys[1], _UNSET) is _UNSET and store.pop(self._keys[0], _UNSET) is _UNSET):
-            raise AttributeError(name)
-
     def __deepcopy__(self, memo: dict) -> DraftLoop:
         """copy.deepcopy of a worker: the copy's draft is its own, bound to the copy and compiled afresh on its
         first call (a deep copy of the compiled state would share the original's code cache and backend); an
@@ -203,6 +138,9 @@ class DraftLoop:
         if self._looked_up:
             return _no_draft, ()
         return _bound_draft, (self._fn, self._instance, self._settings())
+
+    def _bound_to(self, instance: Any) -> DraftLoop:
+        return _bound_draft(self._fn, instance, self._settings())
 
     def _settings(self) -> dict[str, Any]:
         return dict(options=self._options, zero_copy_outputs=self._zero_copy, dynamic=self._dynamic, max_compiles=self._max_compiles)
@@ -411,21 +349,6 @@ class DraftLoop:
 def _no_draft() -> None:
     """What a decorated method's draft loads as from a pickled worker: nothing, so that its lookup makes one."""
     return None
-
-
-class _OtherName(DraftLoop):
-    """A draft under a second name of its class (`run = propose`), so that `worker.propose = fn` replaces
-    propose alone, as for a plain method. Calls, compiles and bound drafts are the draft's own."""
-
-    def __init__(self, draft: DraftLoop, owner: type, name: str) -> None:  # the rest is the draft's (__getattr__)
-        self._primary, self._attribute = draft, None
-        self.__set_name__(owner, name)
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self._primary, name)
-
-    def __call__(self, *args: Any, **kwargs: Any) -> Any:
-        return self._primary(*args, **kwargs)
 
 
 def _bound_draft(fn: Callable[..., Any], instance: Any, settings: dict[str, Any]) -> DraftLoop:
