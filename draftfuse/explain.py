@@ -6,18 +6,19 @@
 
 It traces `fn(*args, **kwargs)` as `draft_loop` does (a copy of its code, fullgraph, without grad, static
 shapes), runs the pipeline's prepare step on the graph with the draft's options (a draft_loop's or
-fold's own; the defaults for a plain function: the seed fold, then
-softmax -> topk) and the capture checks `draft_loop` runs, and stops there: nothing of the draft runs and
-nothing is compiled further. The summary leads with the verdict (one captured region or not), then each
-rewrite and refusal by the user's source line with its reason, the inputs written in place, and
-everything that would keep the draft from being one captured region (host syncs, CPU inputs, dynamic
-shapes, or the graph break, host read or error that ends the trace: the first one, as `draft_loop`
-raises it, with the same class, line and fix; the passes then report on the graph before it), each with
-file:line and the fix; `format(graphs=True)` adds the graph as traced and each pass's diff.
+fold's own; the defaults for a plain function: the seed fold, then softmax -> topk) and the capture
+checks `draft_loop` runs, and stops there: nothing of the draft runs and nothing is compiled further.
+The summary leads with the verdict (one captured region or not), then each rewrite and refusal by the
+user's source line with its reason, the inputs written in place, and everything that would keep the
+draft from being one captured region (host syncs, CPU inputs, dynamic shapes, or the graph break, host
+read or error that ends the trace: the first one, as `draft_loop` raises it, with the same class, line
+and fix; the passes then report on the graph before it), each with file:line and the fix;
+`format(graphs=True)` adds the graph as traced and each pass's diff.
 
-Limits: it reports the first thing that ends the trace (fix it and explain again); where the draft's first traced op comes after a graph break, what precedes it runs (to trace
-the graph after the break). Dynamo's caches of other functions are left as they are. The post-grad passes (softmax -> topk
-after decomposition, setup merging) need a real compile: their reports are in a draft_loop's
+Limits: it reports the first thing that ends the trace (fix it and explain again); where the draft's
+first traced op comes after a graph break, what precedes it runs (to trace the graph after the break).
+Dynamo's caches of other functions are left as they are. The post-grad passes (softmax -> topk after
+decomposition, setup merging) need a real compile: their reports are in a draft_loop's
 `compiles[i].reports` after its first call.
 """
 
@@ -105,7 +106,7 @@ def explain(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Explanation:
     """Trace `fn(*args, **kwargs)`, run draftfuse's passes and capture checks on its graphs, and report
     (see the module docstring)."""
     name = _describe_function(fn)
-    fn, options, dynamic, args, kwargs = _as_compiled(fn, args, kwargs)
+    fn, options, dynamic = _as_compiled(fn)
     graphs: list[GraphExplanation] = []
 
     def probe(gm: torch.fx.GraphModule, example_inputs: list[Any]) -> Any:
@@ -123,14 +124,14 @@ def explain(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Explanation:
     return Explanation(name, graphs, [])
 
 
-def _as_compiled(fn: Callable[..., Any], args: tuple, kwargs: dict) -> tuple[Callable[..., Any], Options, bool | None, tuple, dict]:
-    """What a draft_loop or fold compiles for `fn`: the function, its options and dynamic setting, and
-    the call's arguments as it passes them (the default options for a plain function)."""
+def _as_compiled(fn: Callable[..., Any]) -> tuple[Callable[..., Any], Options, bool | None]:
+    """What a draft_loop or fold compiles for `fn` (the function, its options and dynamic setting); the
+    default options and static shapes for a plain function."""
     if isinstance(fn, FoldedDraft):
         fn = fn.draft
     if isinstance(fn, DraftLoop):
-        return fn._fn, fn._options, fn._dynamic, args, kwargs
-    return fn, Options(), False, args, kwargs
+        return fn._fn, fn._options, fn._dynamic
+    return fn, Options(), False
 
 
 def _describe_function(fn: Callable[..., Any]) -> str:

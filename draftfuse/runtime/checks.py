@@ -131,7 +131,10 @@ def obstacles(gm: torch.fx.GraphModule, *, allow_dynamic: bool) -> list[DraftCap
             fix="keep shapes fixed across calls (pad to a few fixed batch sizes), or pass dynamic=True to "
             "draft_loop if one compile for every size is what you want (its CUDA graph is recorded again at each change of size)",
         ))  # fmt: skip
-    return list({(type(error), str(error)): error for error in reversed(found)}.values())[::-1]  # a loop's repeats once
+    unique: dict[tuple, DraftCaptureError] = {}
+    for error in found:  # a loop's repeats once, where first found
+        unique.setdefault((type(error), str(error)), error)
+    return list(unique.values())
 
 
 def written_inputs(gm: torch.fx.GraphModule) -> list[WrittenInput]:

@@ -124,7 +124,7 @@ class DraftLoop(AsMethod):
         instance = copy.deepcopy(self._instance, memo)
         if id(self) in memo:  # copying the instance copied this draft (it is in the instance's __dict__)
             return memo[id(self)]
-        return _bound_draft(self._fn, instance, self._settings())
+        return self._bound_to(instance)
 
     def __copy__(self) -> DraftLoop:
         return self  # as for a function (copy.copy of a worker shares its __dict__'s values; __get__ tells them apart)
