@@ -187,3 +187,25 @@ def test_a_host_read_is_one_obstacle_not_one_per_step_and_derived_size(draft, ar
     read = first + next(i for i, line in enumerate(lines) if "int(" in line or ".nonzero()" in line)
     assert only.where.endswith(f":{read}")
     assert ("torch.where instead of nonzero" in only.fix) == (draft is _nonzero_rows)  # the fix for a data-dependent size
+
+
+def _read_then_nonzero_then_read(logits, lengths):
+    total = logits.sum()
+    for step in range(2):
+        n = int(lengths.max())  # read each step
+        if step == 0:
+            total = total + (logits > 0).nonzero().sum()  # once, between the two reads
+        total = total + logits[:, :n].sum()
+    return total
+
+
+def test_repeated_obstacles_keep_graph_order():
+    """A read, a nonzero, the read again: two obstacles, the read first (as draft_loop raises it)."""
+    found = explain(_read_then_nonzero_then_read, torch.randn(2, 8), torch.tensor([3, 4])).obstacles
+    assert ["int(" in line or ".nonzero()" in line for line in [_source_at(o.where) for o in found]] == [True, True]
+    assert [".item()" in str(o) for o in found] == [True, False], [str(o)[:80] for o in found]
+
+
+def _source_at(where: str) -> str:
+    path, line = where.rsplit(":", 1)
+    return open(path).read().splitlines()[int(line) - 1]
