@@ -106,7 +106,7 @@ def explain(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Explanation:
     """Trace `fn(*args, **kwargs)`, run draftfuse's passes and capture checks on its graphs, and report
     (see the module docstring)."""
     name = _describe_function(fn)
-    fn, options, dynamic = _as_compiled(fn)
+    fn, options, dynamic, args = _as_compiled(fn, args)
     graphs: list[GraphExplanation] = []
 
     def probe(gm: torch.fx.GraphModule, example_inputs: list[Any]) -> Any:
@@ -124,14 +124,15 @@ def explain(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Explanation:
     return Explanation(name, graphs, [])
 
 
-def _as_compiled(fn: Callable[..., Any]) -> tuple[Callable[..., Any], Options, bool | None]:
-    """What a draft_loop or fold compiles for `fn` (the function, its options and dynamic setting); the
-    default options and static shapes for a plain function."""
+def _as_compiled(fn: Callable[..., Any], args: tuple) -> tuple[Callable[..., Any], Options, bool | None, tuple]:
+    """What a draft_loop or fold compiles for `fn` (the function, its options and dynamic setting) and the
+    arguments it is called with (a method's draft puts its instance first); the default options and
+    static shapes for a plain function."""
     if isinstance(fn, FoldedDraft):
         fn = fn.draft
     if isinstance(fn, DraftLoop):
-        return fn._fn, fn._options, fn._dynamic
-    return fn, Options(), False
+        return fn._fn, fn._options, fn._dynamic, args if fn._instance is None else (fn._instance, *args)
+    return fn, Options(), False, args
 
 
 def _describe_function(fn: Callable[..., Any]) -> str:

@@ -209,3 +209,22 @@ def test_repeated_obstacles_keep_graph_order():
 def _source_at(where: str) -> str:
     path, line = where.rsplit(":", 1)
     return open(path).read().splitlines()[int(line) - 1]
+
+
+class _Stepper:
+    def __init__(self):
+        self.head = _Head().requires_grad_(False)
+
+    def step(self, hidden):
+        return torch.softmax(self.head(hidden), -1).topk(1, dim=-1)
+
+    fast = draft_loop(step)
+
+
+def test_explain_of_a_method_draft_passes_its_instance():
+    """explain(draft_loop(worker.step)) and explain(worker.fast) traced the unbound function without its
+    instance: TypeError, missing an argument."""
+    worker, hidden = _Stepper(), torch.randn(2, 8)
+    for draft in (draft_loop(worker.step), worker.fast):
+        explanation = explain(draft, hidden)
+        assert explanation.one_region and "softmax+topk(k=1) -> argmax" in str(explanation)

@@ -115,13 +115,18 @@ def test_a_seed_returning_one_tensor_is_passed_whole():
 
 
 def test_a_call_the_seed_does_not_take_is_named():
-    """The composition passes the call on as it comes to a seed it cannot copy the parameters of: a call
-    that does not fit says so (Dynamo's trace fails to bind it; eager raises TypeError)."""
+    """A call that does not fit the seed: its own TypeError, raised before tracing, where fold binds the
+    call to the seed's parameters; through another decorator's wrapper (called with the arguments as
+    they come) a GraphBreakError at the wrapper's call that says the arguments do not fit (not "move this
+    call out of the draft ... allow_in_graph")."""
     def seed(tokens, /, hidden, *, scale):
         return tokens + hidden * scale
 
-    with pytest.raises(GraphBreakError, match="the seed does not take the draft's arguments"):
+    with pytest.raises(TypeError, match="scale"):
         fold(seed, lambda h: h.argmax(-1))(torch.ones(2), torch.ones(2))
+    with pytest.raises(GraphBreakError, match="arguments do not fit the parameters") as caught:
+        fold(_injects_scale(seed), lambda h: h.argmax(-1))(torch.ones(2))
+    assert "allow_in_graph" not in str(caught.value)
 
 
 @pytest.mark.cuda
@@ -413,5 +418,69 @@ def test_a_range_on_a_positional_only_parameter_is_used():
     draft = fold(worker.seed_positional, worker.draft_steps, value_ranges={"seq_lens": (1, None)})
     with torch.no_grad():
         assert torch.equal(draft(*args), worker.draft_steps(*worker.seed_step(*args)))
+    proven = [r.detail for r in merge_report(draft).rewrites if r.rule == "setup merged (proven equal)"]
+    assert any("given seq_lens in [1, " in detail for detail in proven), proven
+
+
+_EMBED = torch.randn(V, H, generator=torch.Generator().manual_seed(7))
+
+
+def _seed_with_context(context, tokens, hidden, lengths, seq_lens):
+    hidden = torch.tanh(hidden + context[tokens] + (seq_lens - 1)[:, None] + lengths[:, None] * 0)
+    return (hidden @ _HEAD).softmax(-1).topk(1).indices[:, 0], hidden, seq_lens
+
+
+def _with_context(fn):
+    @functools.wraps(fn)  # adds a leading argument: the wrapped function's positions are not the call's
+    def wrapper(*args, **kwargs):
+        return fn(_EMBED, *args, **kwargs)
+
+    return wrapper
+
+
+def _clamping_steps(token, hidden, seq_lens):
+    position, drafted = (seq_lens - 1).clamp(min=0), [token]
+    for _ in range(3):
+        hidden = torch.tanh(hidden + _EMBED[drafted[-1]] + position[:, None])
+        drafted.append((hidden @ _HEAD).softmax(-1).topk(1).indices[:, 0])
+    return torch.stack(drafted, dim=1)
+
+
+def test_a_range_never_lands_on_another_input_through_a_wrapper_that_adds_arguments():
+    """The wrapper passes a context first: position 2 of the wrapped parameters (lengths) is the call's
+    position 3 (seq_lens, which holds a 0). The range for lengths went to seq_lens, whose clamp was proven
+    away: [[1, 1, 1, 13], ...] where eager gives [[1, 1, 1, 1], ...]. Through another decorator's wrapper
+    only a keyword argument is named; the range is unused, with the note."""
+    seed = _with_context(_seed_with_context)
+    args = (torch.tensor([3, 7]), torch.randn(2, H, generator=torch.Generator().manual_seed(5)), torch.tensor([5, 9]), torch.tensor([0, 4]))
+    draft = fold(seed, _clamping_steps, value_ranges={"lengths": (1, None)})
+    assert torch.equal(draft(*args), _clamping_steps(*seed(*args)))
+    assert any("no graph input is named 'lengths'" in note for note in seam_report(draft).notes)
+
+
+def _keyword_scaled(x, seq_lens, *, scale=2.0):
+    return x * scale, seq_lens
+
+
+def test_a_seed_with_keyword_only_parameters_compiles_once_for_every_calling_style():
+    """(*args, **kwargs) composition: draft(x, s), draft(x, seq_lens=s) and draft(x=x, seq_lens=s) are one
+    call of the seed; passed on as they came they were three graphs (RecompileError with max_compiles=1)."""
+    draft = fold(_keyword_scaled, lambda x, seq_lens: x.argmax(-1) + seq_lens, max_compiles=1)
+    x, s = torch.randn(2, 8), torch.tensor([1, 2])
+    want = _keyword_scaled(x, s)[0].argmax(-1) + s
+    for call in (lambda: draft(x, s), lambda: draft(x, seq_lens=s), lambda: draft(x=x, seq_lens=s)):
+        assert torch.equal(call(), want)
+    assert len(draft.draft.compiles) == 1
+
+
+def test_a_torch_no_grad_seed_keeps_its_parameters():
+    """torch.no_grad()'s wrapper passes its arguments on as they came: the seed is composed with its own
+    parameters (no per-call binding), and a range names a positional argument."""
+    worker = _PositionalWorker(torch.device("cpu"))
+    seed = torch.no_grad()(Worker.seed_step.__get__(worker))
+    draft = fold(seed, worker.draft_steps, value_ranges={"seq_lens": (1, None)})
+    args = worker_args(torch.device("cpu"))
+    assert torch.equal(draft(*args), worker.draft_steps(*worker.seed_step(*args)))
+    assert list(inspect.signature(draft.draft._fn).parameters) == ["tokens", "hidden", "seq_lens"]
     proven = [r.detail for r in merge_report(draft).rewrites if r.rule == "setup merged (proven equal)"]
     assert any("given seq_lens in [1, " in detail for detail in proven), proven

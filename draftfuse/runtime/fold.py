@@ -27,14 +27,15 @@ Called inside another compiled region, the draft is traced there as `loop(*seed(
 marker (that region's backend would not remove it).
 
 The compiled function is generated for each fold with the seed's own parameters (a seed of plain
-positional-or-keyword parameters, the usual one): a call passes through to draft_loop, which binds it
-once, and the graph inputs carry the seed's parameter names (Dynamo names them after the source), so
-`value_ranges` can name them. Any other seed is called with the draft's arguments as they come, through
-`(*args, **kwargs)`: one with other kinds of parameters, and one behind a decorator's wrapper that takes
-(*args, **kwargs) and names the function it wraps (functools.wraps, as torch.no_grad() and
-inference_mode() do), which may fill what a call leaves out. value_ranges still names their inputs by
-the parameters of the wrapped function, whether a call passes them by position or by keyword. Limits:
-as for draft_loop.
+positional-or-keyword parameters, the usual one, also under torch.no_grad() or inference_mode()): a call
+passes through to draft_loop, which binds it once, and the graph inputs carry the seed's parameter names
+(Dynamo names them after the source), so `value_ranges` can name them. A seed with other kinds of
+parameters gets `(*args, **kwargs)`, each call's arguments passed by keyword where its signature allows
+(one graph whichever way the caller passes them). A seed behind another decorator's wrapper that takes
+(*args, **kwargs) and names the function it wraps (functools.wraps) is called with the draft's
+arguments as they come, since such a wrapper may add or fill arguments: `value_ranges` then reaches
+the inputs the caller passes by keyword only (the report says when a key matches none). Limits: as for
+draft_loop.
 """
 
 from __future__ import annotations
@@ -51,7 +52,7 @@ from typing import Any
 
 from draftfuse.passes.seed_fold.seam import mark_seam_undoable, seam_facts, unmark_seam
 from draftfuse.runtime.draft_loop import DraftLoop, draft_loop
-from draftfuse.runtime.translate import FOLD_SEED_LINE
+from draftfuse.runtime.translate import FOLD_LOOP_LINE
 
 _generated = itertools.count()  # each fold's source file has a name of its own
 
@@ -60,10 +61,12 @@ class FoldedDraft:
     """`loop(*seed(...))` compiled as one region; see the module docstring. `.draft` is the DraftLoop
     that runs it (its `.compiles` hold the compile records and pass reports)."""
 
-    def __init__(self, seed: Callable[..., Any], loop: Callable[..., Any], draft: DraftLoop, defaults_of: Any = None) -> None:
+    def __init__(self, seed: Callable[..., Any], loop: Callable[..., Any], draft: DraftLoop, defaults_of: Any = None,
+                 rebind: inspect.Signature | None = None) -> None:
         self.seed, self.loop, self.draft = seed, loop, draft
         # the function whose __defaults__ the composition's were copied from (None: none to follow)
         self._defaults_of = _same_defaults(defaults_of, draft._fn.__defaults__)
+        self._rebind = rebind  # the seed's own signature, to pass every argument the same way (None: as it comes)
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         # a composition of the seed's own parameters takes its defaults as they are now (a seed's __defaults__
@@ -72,6 +75,9 @@ class FoldedDraft:
             defaults, composition = self._defaults_of.__defaults__, self.draft._fn
             if composition.__defaults__ is not defaults:
                 composition.__defaults__ = defaults
+        if self._rebind is not None:  # draft(x, s) and draft(x, seq_lens=s): one call, one compile
+            positional, kwargs = _by_keyword(self._rebind, args, kwargs)
+            args = tuple(positional)
         return self.draft(*args, **kwargs)
 
     def __repr__(self) -> str:
@@ -105,7 +111,7 @@ def _composition(seed: Callable[..., Any], loop: Callable[..., Any], facts: Any,
     linecache.cache[filename] = (len(source), None, source.splitlines(keepends=True), filename)
     exec(compile(source, filename, "exec"), scope)
     folded = scope["make"](seed, loop, mark_seam_undoable, unmark_seam, facts, tuple, isinstance)
-    assert "_df_seed_(" in source.splitlines()[FOLD_SEED_LINE - 1]  # where translate looks for a call that does not bind
+    assert "_df_loop_(" in source.splitlines()[FOLD_LOOP_LINE - 1]  # where translate looks for a loop that does not take the seed's values
     if parameters is not None:
         folded.__defaults__ = tuple(p.default for p in parameters if p.default is not inspect.Parameter.empty) or None
     folded.__qualname__ = f"fold({_name(seed)}, {_name(loop)})"
@@ -114,11 +120,12 @@ def _composition(seed: Callable[..., Any], loop: Callable[..., Any], facts: Any,
 
 def _seed_signature(seed: Callable[..., Any]) -> tuple[inspect.Signature | None, Any, bool]:
     """The seed's parameters, the function that holds their defaults (None: none to follow, as for a
-    partial), and whether they are those of the function a call reaches (False: read through a wrapper's
-    __wrapped__, for the names of graph inputs only). A wrapper that names the function it wraps
-    (functools.wraps) and takes `(*args, **kwargs)` passes its arguments on, as torch.no_grad() and
-    inference_mode() do: the parameters are the wrapped function's. A wrapper with parameters of its own
-    is called with those. A callable object's are its class's __call__'s."""
+    partial), and whether they are those of the function a call reaches (False: read through the
+    __wrapped__ of a wrapper that may add or fill arguments, for the names of keyword arguments only). A
+    wrapper that names the function it wraps (functools.wraps) and takes `(*args, **kwargs)` is looked
+    through; torch's own (torch.no_grad(), inference_mode()) pass the arguments on as they came. A
+    wrapper with parameters of its own is called with those. A callable object's are its class's
+    __call__'s."""
     if isinstance(seed, types.MethodType):
         holder, fn = seed.__self__, seed.__func__
     elif isinstance(seed, types.FunctionType):
@@ -130,12 +137,22 @@ def _seed_signature(seed: Callable[..., Any]) -> tuple[inspect.Signature | None,
             return inspect.signature(seed), None, False
         except (TypeError, ValueError):
             return None, None, False
-    called, fn = fn, inspect.unwrap(fn, stop=lambda f: not _forwards(f))
+    own = True
+    while _forwards(fn) and hasattr(fn, "__wrapped__"):
+        own = own and _torch_decorator(fn)
+        fn = fn.__wrapped__
     try:
         signature = inspect.signature(fn if holder is None else types.MethodType(fn, holder), follow_wrapped=False)
     except (TypeError, ValueError):
         return None, None, False
-    return signature, fn if isinstance(fn, types.FunctionType) else None, fn is called
+    return signature, fn if isinstance(fn, types.FunctionType) else None, own
+
+
+def _torch_decorator(wrapper: Any) -> bool:
+    """torch.no_grad(), inference_mode(), enable_grad() and the like as decorators: their wrapper calls the
+    function with the arguments as they came, so it is as if the call reached the function."""
+    code = getattr(wrapper, "__code__", None)
+    return code is not None and code.co_filename.endswith(os.path.join("torch", "utils", "_contextlib.py"))
 
 
 def _forwards(fn: Any) -> bool:
@@ -170,13 +187,33 @@ def fold(
     signature, defaults_of, own = _seed_signature(seed)  # signature None (a builtin): arguments pass as they come
     plain = own and all(p.kind is inspect.Parameter.POSITIONAL_OR_KEYWORD for p in signature.parameters.values())
     facts = seam_facts(value_ranges=value_ranges, drop_buffer_writes=drop_buffer_writes)  # checked as given
-    if value_ranges and signature is not None and not plain:
+    if value_ranges and own and not plain:  # positions are the seed's own: a range may name args[i] too
         received = {_as_received(key, signature): bounds for key, bounds in value_ranges.items()}
         facts = seam_facts(value_ranges=received, drop_buffer_writes=drop_buffer_writes)
     folded = _composition(seed, loop, facts, list(signature.parameters.values()) if plain else None)
     draft = draft_loop(folded, **draft_loop_settings)
     draft.inline_fn = functools.partial(_seed_then_loop, seed, loop)  # traced in an enclosing region: no marker
-    return FoldedDraft(seed, loop, draft, defaults_of if plain else None)
+    return FoldedDraft(seed, loop, draft, defaults_of if plain else None, signature if own and not plain else None)
+
+
+def _by_keyword(signature: inspect.Signature, args: tuple, kwargs: dict) -> tuple[list, dict]:
+    """The same call with every argument that may go by keyword passed by keyword (its own function
+    binds it the same way), so that a call's style does not change the graph's inputs."""
+    bound = signature.bind(*args, **kwargs)
+    Parameter = inspect.Parameter
+    keeps_order = any(p.kind is Parameter.VAR_POSITIONAL for p in signature.parameters.values())
+    positional, keywords = [], {}
+    for name, value in bound.arguments.items():
+        kind = signature.parameters[name].kind
+        if kind is Parameter.VAR_POSITIONAL:
+            positional.extend(value)
+        elif kind is Parameter.VAR_KEYWORD:
+            keywords.update(value)
+        elif kind is Parameter.POSITIONAL_ONLY or kind is Parameter.POSITIONAL_OR_KEYWORD and keeps_order:
+            positional.append(value)  # before a *args, a name would collide with the positional slot
+        else:
+            keywords[name] = value
+    return positional, keywords
 
 
 def _as_received(key: str, signature: inspect.Signature) -> str:

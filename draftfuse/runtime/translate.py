@@ -32,7 +32,7 @@ _BRANCH = re.compile(r"branch|jump|if statement|control flow", re.I)
 _BRANCH_FIX = "compute both sides and pick with torch.where (or use torch.cond): a draft must not decide on the host"
 # a Python decision (if, bool(), a comparison) on a value read from a tensor, traced as a symbol (u0 > 5)
 _UNBOUND = re.compile(r"failed to bind arguments|argument mismatch", re.I)  # a call whose arguments do not bind
-FOLD_SEED_LINE = 3  # the line of fold's generated composition that calls the seed (the next calls the loop)
+FOLD_LOOP_LINE = 4  # the line of fold's generated composition that calls the loop
 _DECISION = re.compile(r"guard on data-dependent expression", re.I)
 
 
@@ -63,14 +63,12 @@ def _classify(title: str, explanation: str, where: str, first_host_read: str = "
             fix="check the arguments before calling the draft, or assert on tensors inside it with torch._assert_async",
         )
     if _UNBOUND.search(text):
-        # in fold's composition, line FOLD_SEED_LINE calls the seed with the draft's arguments, the next the loop
-        fold_line = int(where.rpartition(":")[2]) if "<fold of " in where else 0
-        what = {FOLD_SEED_LINE: "the seed does not take the draft's arguments (seed(...) raises TypeError eagerly)",
-                FOLD_SEED_LINE + 1: "the loop does not take the values the seed returns (loop(*seed(...)) raises TypeError eagerly)"}
+        loop = "<fold of " in where and where.endswith(f":{FOLD_LOOP_LINE}")  # fold's composition calling the loop
         return GraphBreakError(
-            f"{what.get(fold_line, 'a call whose arguments do not fit the parameters of the function it calls, as Dynamo binds them')}: {explanation or title}",
+            ("the loop does not take the values the seed returns (loop(*seed(...)) raises TypeError eagerly)" if loop
+             else "a call whose arguments do not fit the parameters of the function it calls, as Dynamo binds them") + f": {explanation or title}",
             where=where,
-            fix="make the seed return what the loop takes, in order (a tuple is passed as separate arguments)" if fold_line == FOLD_SEED_LINE + 1
+            fix="make the seed return what the loop takes, in order (a tuple is passed as separate arguments)" if loop
             else "call it with the arguments it takes",
         )
     if _BRANCH.search(title):
