@@ -484,3 +484,66 @@ def test_a_torch_no_grad_seed_keeps_its_parameters():
     assert list(inspect.signature(draft.draft._fn).parameters) == ["tokens", "hidden", "seq_lens"]
     proven = [r.detail for r in merge_report(draft).rewrites if r.rule == "setup merged (proven equal)"]
     assert any("given seq_lens in [1, " in detail for detail in proven), proven
+
+
+def _keyword_seed(tokens, hidden, /, seq_lens, *, scale=1.0, **extra):
+    return torch.tanh(hidden * scale + _EMBED[tokens]), seq_lens + extra.get("shift", 0)
+
+
+def _keyword_steps(hidden, seq_lens):
+    position = (seq_lens - 1).clamp(min=0)
+    return ((hidden + 0.01 * position[:, None]) @ _HEAD).softmax(-1).topk(2).indices
+
+
+def test_a_seed_of_every_kind_of_parameter_is_composed_with_its_signature(monkeypatch):
+    """Positional-only, keyword-only and **kwargs parameters: the composition takes the seed's own
+    signature, so every calling style binds in CPython as the seed does, with no per-call inspect binding
+    (a few µs on every replayed call), one graph, and a range reaches its input by the parameter's name."""
+    draft = fold(_keyword_seed, _keyword_steps, value_ranges={"seq_lens": (1, None)}, max_compiles=1)
+    tokens, hidden, s = torch.tensor([3, 7]), torch.randn(2, H, generator=torch.Generator().manual_seed(3)), torch.tensor([5, 9])
+    for _ in range(3):
+        draft(tokens, hidden, s)
+
+    def no_binding(*args, **kwargs):
+        raise AssertionError("inspect.Signature.bind called on a draft call")
+
+    monkeypatch.setattr(inspect.Signature, "bind", no_binding)
+    for call in (lambda: draft(tokens, hidden, s), lambda: draft(tokens, hidden, seq_lens=s), lambda: draft(tokens, hidden, s, scale=1.0)):
+        assert torch.equal(call(), _keyword_steps(*_keyword_seed(tokens, hidden, s)))
+    monkeypatch.undo()
+    assert str(inspect.signature(draft.draft._fn)) == "(tokens, hidden, /, seq_lens, *, scale=1.0, **kwargs)"
+    assert len(draft.draft.compiles) == 1
+    proven = [r.detail for r in merge_report(draft).rewrites if r.rule == "setup merged (proven equal)"]
+    assert any("given seq_lens in [1, " in detail for detail in proven), proven
+
+
+def test_a_keyword_only_default_replaced_after_fold_is_read_per_call():
+    """The composition shares the seed's __kwdefaults__: replaced after fold (or changed in place), a
+    call reads the new ones, as `loop(*seed(...))` does."""
+    tokens, hidden, s = torch.tensor([3, 7]), torch.randn(2, H, generator=torch.Generator().manual_seed(4)), torch.tensor([5, 9])
+    draft = fold(_keyword_seed, _keyword_steps)
+    saved = _keyword_seed.__kwdefaults__
+    try:
+        for scale in (1.0, -3.0, 0.5):
+            _keyword_seed.__kwdefaults__ = {"scale": scale}
+            for _ in range(3):
+                assert torch.equal(draft(tokens, hidden, s), _keyword_steps(*_keyword_seed(tokens, hidden, s)))
+        _keyword_seed.__kwdefaults__["scale"] = 2.0
+        assert torch.equal(draft(tokens, hidden, s), _keyword_steps(*_keyword_seed(tokens, hidden, s)))
+    finally:
+        _keyword_seed.__kwdefaults__ = saved
+
+
+class _StaticCallSeed:
+    @staticmethod
+    def __call__(logits, scale=2.0):  # no self: the class's __call__ is a plain function
+        return logits * scale, logits.shape[0]
+
+
+def test_a_callable_object_with_a_static_call_is_folded():
+    """fold read a staticmethod __call__'s first parameter as self and called the seed with one argument
+    too many ("takes from 1 to 2 positional arguments but 3 were given")."""
+    seed, logits = _StaticCallSeed(), torch.tensor([[3.0, 1.0, 2.0, 0.0]])
+    draft = fold(seed, _top2)
+    assert torch.equal(draft(logits), _top2(*seed(logits)))
+    assert torch.equal(draft(logits, scale=-1.0), _top2(*seed(logits, scale=-1.0)))

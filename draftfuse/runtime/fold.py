@@ -26,16 +26,16 @@ Every other keyword goes to `draft_loop` (mode, options, zero_copy_outputs, dyna
 Called inside another compiled region, the draft is traced there as `loop(*seed(...))`, without the
 marker (that region's backend would not remove it).
 
-The compiled function is generated for each fold with the seed's own parameters (a seed of plain
-positional-or-keyword parameters, the usual one, also under torch.no_grad() or inference_mode()): a call
-passes through to draft_loop, which binds it once, and the graph inputs carry the seed's parameter names
-(Dynamo names them after the source), so `value_ranges` can name them. A seed with other kinds of
-parameters gets `(*args, **kwargs)`, each call's arguments passed by keyword where its signature allows
-(one graph whichever way the caller passes them). A seed behind another decorator's wrapper that takes
-(*args, **kwargs) and names the function it wraps (functools.wraps) is called with the draft's
-arguments as they come, since such a wrapper may add or fill arguments: `value_ranges` then reaches
-the inputs the caller passes by keyword only (the report says when a key matches none). Limits: as for
-draft_loop.
+The compiled function is generated for each fold with the seed's own signature (positional-only,
+keyword-only, *args, **kwargs and defaults as the seed has them; also under torch.no_grad() or
+inference_mode()): a call passes through to draft_loop, which binds it once as CPython binds the seed,
+so draft(x, s), draft(x, seq_lens=s) and draft(x=x, seq_lens=s) are one graph, and the graph inputs
+carry the seed's parameter names (Dynamo names them after the source), so `value_ranges` can name them.
+Defaults replaced on the seed after fold (`__defaults__`, `__kwdefaults__`) are read per call. A seed
+behind another decorator's wrapper that takes (*args, **kwargs) and names the function it wraps
+(functools.wraps) is called with the draft's arguments as they come, since such a wrapper may add or
+fill arguments: `value_ranges` then reaches the inputs the caller passes by keyword only (the report
+says when a key matches none). Limits: as for draft_loop.
 """
 
 from __future__ import annotations
@@ -45,14 +45,13 @@ import inspect
 import itertools
 import linecache
 import os
-import re
 import types
 from collections.abc import Callable, Mapping
 from typing import Any
 
 from draftfuse.passes.seed_fold.seam import mark_seam_undoable, seam_facts, unmark_seam
 from draftfuse.runtime.draft_loop import DraftLoop, draft_loop
-from draftfuse.runtime.translate import FOLD_LOOP_LINE
+from draftfuse.runtime.translate import FOLD_LOOP_CALL
 
 _generated = itertools.count()  # each fold's source file has a name of its own
 
@@ -61,43 +60,39 @@ class FoldedDraft:
     """`loop(*seed(...))` compiled as one region; see the module docstring. `.draft` is the DraftLoop
     that runs it (its `.compiles` hold the compile records and pass reports)."""
 
-    def __init__(self, seed: Callable[..., Any], loop: Callable[..., Any], draft: DraftLoop, defaults_of: Any = None,
-                 rebind: inspect.Signature | None = None) -> None:
+    def __init__(self, seed: Callable[..., Any], loop: Callable[..., Any], draft: DraftLoop, defaults_of: Any = None) -> None:
         self.seed, self.loop, self.draft = seed, loop, draft
-        # the function whose __defaults__ the composition's were copied from (None: none to follow)
-        self._defaults_of = _same_defaults(defaults_of, draft._fn.__defaults__)
-        self._rebind = rebind  # the seed's own signature, to pass every argument the same way (None: as it comes)
+        # the function whose defaults the composition shares (None: none to follow)
+        self._defaults_of = defaults_of
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
-        # a composition of the seed's own parameters takes its defaults as they are now (a seed's __defaults__
-        # may be replaced after fold; the composition's were copied from it)
-        if self._defaults_of is not None:
-            defaults, composition = self._defaults_of.__defaults__, self.draft._fn
-            if composition.__defaults__ is not defaults:
-                composition.__defaults__ = defaults
-        if self._rebind is not None:  # draft(x, s) and draft(x, seq_lens=s): one call, one compile
-            positional, kwargs = _by_keyword(self._rebind, args, kwargs)
-            args = tuple(positional)
+        # the composition takes the seed's defaults as they are now (they may be replaced after fold)
+        source = self._defaults_of
+        if source is not None:
+            composition = self.draft._fn
+            if composition.__defaults__ is not source.__defaults__ or composition.__kwdefaults__ is not source.__kwdefaults__:
+                composition.__defaults__, composition.__kwdefaults__ = source.__defaults__, source.__kwdefaults__
         return self.draft(*args, **kwargs)
 
     def __repr__(self) -> str:
         return f"fold({_name(self.seed)}, {_name(self.loop)})"
 
 
-def _composition(seed: Callable[..., Any], loop: Callable[..., Any], facts: Any, parameters: list[inspect.Parameter] | None) -> Callable[..., Any]:
-    """The function draft_loop compiles. The usual seed takes plain parameters (positional or keyword) of
-    its own: the composition is generated with the same `parameters` and defaults, so a call is bound
-    once, by draft_loop's replay path, and the graph inputs carry the seed's parameter names. Any other
-    seed (other kinds of parameters, or parameters read through a wrapper's __wrapped__, which may fill
-    what a call leaves out) gets `(*args, **kwargs)` (`parameters` None), and is called with them as they come."""
-    names = ", ".join(p.name for p in parameters) if parameters is not None else "*args, **kwargs"
+def _composition(seed: Callable[..., Any], loop: Callable[..., Any], facts: Any, signature: inspect.Signature | None) -> Callable[..., Any]:
+    """The function draft_loop compiles. Where the seed's `signature` is that of the function a call
+    reaches, the composition is generated with it (every kind of parameter, the same defaults) and calls
+    the seed with each parameter passed the way it is declared: a call is bound once, by draft_loop's
+    replay path, as CPython binds the seed, and the graph inputs carry the seed's parameter names. A seed
+    read through a wrapper that may fill or add arguments (`signature` None) gets `(*args, **kwargs)`, and
+    is called with them as they come."""
+    parameters, call = _parameters_and_call(signature)
     # seed, loop and the rest are the closure's (as in a function written by hand, so Dynamo reads them as
     # the frame's own values), with names no parameter of the seed takes
     source = (
         "def make(_df_seed_, _df_loop_, _df_mark_, _df_unmark_, _df_facts_, _df_tuple_, _df_isinstance_):\n"
-        f"    def folded({names}):\n"
-        f"        _df_carried_, _df_undo_ = _df_mark_(_df_seed_({names}), _df_facts_)\n"
-        "        _df_out_ = _df_loop_(*_df_carried_) if _df_isinstance_(_df_carried_, _df_tuple_) else _df_loop_(_df_carried_)\n"
+        f"    def folded{parameters}:\n"
+        f"        _df_carried_, _df_undo_ = _df_mark_(_df_seed_({call}), _df_facts_)\n"
+        f"        _df_out_ = {FOLD_LOOP_CALL}*_df_carried_) if _df_isinstance_(_df_carried_, _df_tuple_) else {FOLD_LOOP_CALL}_df_carried_)\n"
         "        _df_unmark_(_df_undo_)\n"
         "        return _df_out_\n"
         "    return folded\n"
@@ -111,11 +106,34 @@ def _composition(seed: Callable[..., Any], loop: Callable[..., Any], facts: Any,
     linecache.cache[filename] = (len(source), None, source.splitlines(keepends=True), filename)
     exec(compile(source, filename, "exec"), scope)
     folded = scope["make"](seed, loop, mark_seam_undoable, unmark_seam, facts, tuple, isinstance)
-    assert "_df_loop_(" in source.splitlines()[FOLD_LOOP_LINE - 1]  # where translate looks for a loop that does not take the seed's values
-    if parameters is not None:
-        folded.__defaults__ = tuple(p.default for p in parameters if p.default is not inspect.Parameter.empty) or None
+    if signature is not None:
+        Parameter = inspect.Parameter
+        found = signature.parameters.values()
+        folded.__defaults__ = tuple(p.default for p in found if p.kind in _POSITIONAL and p.default is not Parameter.empty) or None
+        folded.__kwdefaults__ = {p.name: p.default for p in found if p.kind is Parameter.KEYWORD_ONLY and p.default is not Parameter.empty} or None
     folded.__qualname__ = f"fold({_name(seed)}, {_name(loop)})"
     return folded
+
+
+_POSITIONAL = (inspect.Parameter.POSITIONAL_ONLY, inspect.Parameter.POSITIONAL_OR_KEYWORD)
+
+
+def _parameters_and_call(signature: inspect.Signature | None) -> tuple[str, str]:
+    """The composition's parameter list, "(tokens, /, hidden, *rows, scale, **kwargs)" (the seed's, without
+    defaults or annotations: those are set on the function), and its call of the seed, "tokens, hidden,
+    *rows, scale=scale, **kwargs". A **kwargs is named kwargs, whatever the seed calls it, so that a range
+    keyed by the name of an argument it takes finds that argument (draftfuse.passes.seed_fold)."""
+    if signature is None:
+        return "(*args, **kwargs)", "*args, **kwargs"
+    Parameter, names = inspect.Parameter, set(signature.parameters)
+    parameters, call = [], []
+    for p in signature.parameters.values():
+        if p.kind is Parameter.VAR_KEYWORD and ("kwargs" not in names or p.name == "kwargs"):
+            p = p.replace(name="kwargs")
+        parameters.append(p.replace(default=Parameter.empty, annotation=Parameter.empty))
+        call.append({Parameter.VAR_POSITIONAL: f"*{p.name}", Parameter.VAR_KEYWORD: f"**{p.name}",
+                     Parameter.KEYWORD_ONLY: f"{p.name}={p.name}"}.get(p.kind, p.name))
+    return str(signature.replace(parameters=parameters, return_annotation=Parameter.empty)), ", ".join(call)
 
 
 def _seed_signature(seed: Callable[..., Any]) -> tuple[inspect.Signature | None, Any, bool]:
@@ -131,7 +149,7 @@ def _seed_signature(seed: Callable[..., Any]) -> tuple[inspect.Signature | None,
     elif isinstance(seed, types.FunctionType):
         holder, fn = None, seed
     elif isinstance(getattr(type(seed), "__call__", None), types.FunctionType) and not isinstance(seed, type):
-        holder, fn = seed, type(seed).__call__
+        holder, fn = None if _static_call(seed) else seed, type(seed).__call__
     else:  # a partial, a builtin, a class
         try:
             return inspect.signature(seed), None, False
@@ -146,6 +164,13 @@ def _seed_signature(seed: Callable[..., Any]) -> tuple[inspect.Signature | None,
     except (TypeError, ValueError):
         return None, None, False
     return signature, fn if isinstance(fn, types.FunctionType) else None, own
+
+
+def _static_call(seed: Any) -> Any:
+    """A callable object's class's __call__ when it is a staticmethod (it takes no self; Dynamo cannot trace
+    the object's call, so the composition calls the function), else None."""
+    static = isinstance(inspect.getattr_static(type(seed), "__call__", None), staticmethod)
+    return type(seed).__call__ if static and not isinstance(seed, (type, types.FunctionType, types.MethodType)) else None
 
 
 def _torch_decorator(wrapper: Any) -> bool:
@@ -164,11 +189,19 @@ def _forwards(fn: Any) -> bool:
     return kinds == [inspect.Parameter.VAR_POSITIONAL, inspect.Parameter.VAR_KEYWORD]
 
 
-def _same_defaults(fn: Any, defaults: tuple | None) -> Any:
-    """`fn` if its __defaults__ are still the ones the composition copied (else None: those are kept)."""
-    found = getattr(fn, "__defaults__", None)
-    same = found == defaults if found is None or defaults is None else len(found) == len(defaults) and all(a is b for a, b in zip(found, defaults))
-    return fn if same and fn is not None else None
+def _same_defaults(fn: Any, composition: Any) -> Any:
+    """`fn`, now sharing its defaults with the composition, if the composition's are `fn`'s (else None, as for a
+    method whose `self` has a default: the composition keeps the ones it has)."""
+    if fn is None:
+        return None
+    defaults, kwdefaults = composition.__defaults__, composition.__kwdefaults__
+    same = (len(fn.__defaults__ or ()) == len(defaults or ()) and all(a is b for a, b in zip(fn.__defaults__ or (), defaults or ()))
+            and (fn.__kwdefaults__ or {}).keys() == (kwdefaults or {}).keys()
+            and all(fn.__kwdefaults__[k] is v for k, v in (kwdefaults or {}).items()))
+    if not same:
+        return None
+    composition.__defaults__, composition.__kwdefaults__ = fn.__defaults__, fn.__kwdefaults__
+    return fn
 
 
 def _name(fn: Callable[..., Any]) -> str:
@@ -185,49 +218,12 @@ def fold(
 ) -> FoldedDraft:
     """Compose `seed` and `loop` into one draft compiled as one captured region (see the module docstring)."""
     signature, defaults_of, own = _seed_signature(seed)  # signature None (a builtin): arguments pass as they come
-    plain = own and all(p.kind is inspect.Parameter.POSITIONAL_OR_KEYWORD for p in signature.parameters.values())
-    facts = seam_facts(value_ranges=value_ranges, drop_buffer_writes=drop_buffer_writes)  # checked as given
-    if value_ranges and own and not plain:  # positions are the seed's own: a range may name args[i] too
-        received = {_as_received(key, signature): bounds for key, bounds in value_ranges.items()}
-        facts = seam_facts(value_ranges=received, drop_buffer_writes=drop_buffer_writes)
-    folded = _composition(seed, loop, facts, list(signature.parameters.values()) if plain else None)
+    facts = seam_facts(value_ranges=value_ranges, drop_buffer_writes=drop_buffer_writes)
+    callee = _static_call(seed) or seed
+    folded = _composition(callee, loop, facts, signature if own else None)
     draft = draft_loop(folded, **draft_loop_settings)
-    draft.inline_fn = functools.partial(_seed_then_loop, seed, loop)  # traced in an enclosing region: no marker
-    return FoldedDraft(seed, loop, draft, defaults_of if plain else None, signature if own and not plain else None)
-
-
-def _by_keyword(signature: inspect.Signature, args: tuple, kwargs: dict) -> tuple[list, dict]:
-    """The same call with every argument that may go by keyword passed by keyword (its own function
-    binds it the same way), so that a call's style does not change the graph's inputs."""
-    bound = signature.bind(*args, **kwargs)
-    Parameter = inspect.Parameter
-    keeps_order = any(p.kind is Parameter.VAR_POSITIONAL for p in signature.parameters.values())
-    positional, keywords = [], {}
-    for name, value in bound.arguments.items():
-        kind = signature.parameters[name].kind
-        if kind is Parameter.VAR_POSITIONAL:
-            positional.extend(value)
-        elif kind is Parameter.VAR_KEYWORD:
-            keywords.update(value)
-        elif kind is Parameter.POSITIONAL_ONLY or kind is Parameter.POSITIONAL_OR_KEYWORD and keeps_order:
-            positional.append(value)  # before a *args, a name would collide with the positional slot
-        else:
-            keywords[name] = value
-    return positional, keywords
-
-
-def _as_received(key: str, signature: inspect.Signature) -> str:
-    """A value_ranges key of a composition that takes (*args, **kwargs), with the spelling of its input
-    when the call passes it by position: seq_lens, the seed's parameter 2, is args[2] then (the key becomes
-    "seq_lens|args[2]": the pass takes either); rows[1] of the seed's *rows after two parameters is args[3]."""
-    head, rest = re.match(r"(\w*)(.*)", key).groups()
-    for position, (name, parameter) in enumerate(signature.parameters.items()):
-        if parameter.kind is inspect.Parameter.VAR_POSITIONAL:
-            element = re.match(r"\[(\d+)\](.*)", rest)
-            return f"{key}|args[{position + int(element.group(1))}]{element.group(2)}" if name == head and element else key
-        if parameter.kind in (inspect.Parameter.POSITIONAL_ONLY, inspect.Parameter.POSITIONAL_OR_KEYWORD) and name == head:
-            return f"{key}|args[{position}]{rest}"
-    return key
+    draft.inline_fn = functools.partial(_seed_then_loop, callee, loop)  # traced in an enclosing region: no marker
+    return FoldedDraft(seed, loop, draft, _same_defaults(defaults_of, folded) if own else None)
 
 
 def _seed_then_loop(seed: Callable[..., Any], loop: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:

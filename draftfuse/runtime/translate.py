@@ -10,6 +10,7 @@ on the device, a padded static size, or the work moved after the draft.
 
 from __future__ import annotations
 
+import linecache
 import os
 import re
 import sysconfig
@@ -32,11 +33,17 @@ _BRANCH = re.compile(r"branch|jump|if statement|control flow", re.I)
 _BRANCH_FIX = "compute both sides and pick with torch.where (or use torch.cond): a draft must not decide on the host"
 # a Python decision (if, bool(), a comparison) on a value read from a tensor, traced as a symbol (u0 > 5)
 _UNBOUND = re.compile(r"failed to bind arguments|argument mismatch", re.I)  # a call whose arguments do not bind
-FOLD_LOOP_LINE = 4  # the line of fold's generated composition that calls the loop
+FOLD_LOOP_CALL = "_df_loop_("  # how fold's generated composition calls the loop (a line of its source)
 _DECISION = re.compile(r"guard on data-dependent expression", re.I)
 
 
 _NOT_USER_CODE = (os.path.dirname(torch.__file__), sysconfig.get_paths()["stdlib"])
+
+
+def _in_fold_calling_the_loop(where: str) -> bool:
+    """Whether `where` (file:line) is the line of fold's generated composition that calls the loop."""
+    filename, _, line = where.rpartition(":")
+    return "<fold of " in filename and line.isdigit() and FOLD_LOOP_CALL in linecache.getline(filename, int(line))
 
 
 def _location(exc: BaseException) -> str:
@@ -63,7 +70,7 @@ def _classify(title: str, explanation: str, where: str, first_host_read: str = "
             fix="check the arguments before calling the draft, or assert on tensors inside it with torch._assert_async",
         )
     if _UNBOUND.search(text):
-        loop = "<fold of " in where and where.endswith(f":{FOLD_LOOP_LINE}")  # fold's composition calling the loop
+        loop = _in_fold_calling_the_loop(where)
         return GraphBreakError(
             ("the loop does not take the values the seed returns (loop(*seed(...)) raises TypeError eagerly)" if loop
              else "a call whose arguments do not fit the parameters of the function it calls, as Dynamo binds them") + f": {explanation or title}",

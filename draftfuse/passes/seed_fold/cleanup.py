@@ -85,9 +85,8 @@ def declare_ranges(graph: torch.fx.Graph, effects: Effects, report: PassReport, 
     """Put `draftfuse::assume_range` on each input with a declared range, for the post-grad proofs."""
     placeholders = graph.find_nodes(op="placeholder")
     written = effects.written_inputs()
-    for spelled, (low, high) in sorted(value_ranges.items()):
-        key, *others = spelled.split("|")  # the user's key, then other spellings of its input (fold's args[i])
-        found = [p for p in placeholders if {key, *others} & _spellings(p)]
+    for key, (low, high) in sorted(value_ranges.items()):
+        found = [p for p in placeholders if key in _spellings(p)]
         if not found:
             names = ", ".join(sorted({min(_spellings(p), key=len) for p in placeholders if is_integer(fake_tensor(p))}))
             report.notes.append(f"value_ranges: no graph input is named {key!r}; its range is unused (integer inputs: {names})")
