@@ -547,3 +547,21 @@ def test_a_callable_object_with_a_static_call_is_folded():
     draft = fold(seed, _top2)
     assert torch.equal(draft(logits), _top2(*seed(logits)))
     assert torch.equal(draft(logits, scale=-1.0), _top2(*seed(logits, scale=-1.0)))
+
+
+def _varargs_seed(hidden, *lens, **extra):
+    return hidden, lens[0], extra["seq_lens"]
+
+
+def _varargs_steps(hidden, lens, seq_lens):
+    return ((hidden + (lens - 1).clamp(min=0)[:, None] + (seq_lens - 1).clamp(min=0)[:, None]) @ _HEAD).topk(2).indices
+
+
+def test_ranges_name_an_element_of_the_seeds_star_args_and_a_keyword_it_collects():
+    """`lens[0]` is the first value the seed's *lens collects and `seq_lens` a keyword its **extra takes:
+    each range reaches its input (the report declares both), and the draft computes the composition."""
+    draft = fold(_varargs_seed, _varargs_steps, value_ranges={"lens[0]": (1, None), "seq_lens": (1, None)})
+    hidden, lens, s = torch.randn(2, H, generator=torch.Generator().manual_seed(6)), torch.tensor([1, 4]), torch.tensor([5, 9])
+    assert torch.equal(draft(hidden, lens, seq_lens=s), _varargs_steps(*_varargs_seed(hidden, lens, seq_lens=s)))
+    declared = sorted(r.detail for r in seam_report(draft).rewrites if r.rule == "range declared")
+    assert declared == ["every element of lens[0] in [1, inf]", "every element of seq_lens in [1, inf]"], seam_report(draft)
