@@ -418,3 +418,19 @@ def test_a_draft_called_inside_another_is_traced_there():
     want = torch.softmax(x * 2, -1).topk(2, -1)
     assert torch.equal(got[0], want.indices) and torch.allclose(got[1], want.values)
     assert outer._replays and len(outer.compiles) == 1 and not inner.compiles
+
+
+def test_a_draft_given_a_second_name_after_the_class_was_made_refuses_a_replacement():
+    """`Cls.run = Cls.draft` after the class was made puts one descriptor under two names (no __set_name__
+    tells them apart): `worker.run = fn` replaced `worker.draft` too, silently. It raises now, naming both
+    and the fix; the names still find one draft."""
+
+    class Late(_KvWorker):
+        pass
+
+    Late.run = Late.draft
+    worker, h = Late(0), torch.randn(2, 8)
+    assert worker.run is worker.draft
+    with pytest.raises(AttributeError, match=r"'draft' and 'run'.*class body \(run = draft\)"):
+        worker.run = lambda h: "replaced"
+    assert torch.equal(worker.draft(h).indices, _eager_draft(worker, h).indices)

@@ -3,7 +3,8 @@
 `AsMethod` is DraftLoop's descriptor half. `worker.draft` is the draft bound to that worker, made on its
 first lookup; `worker.draft = fn` replaces it on that worker alone, as for a plain method (and
 `del worker.draft` puts it back); a subclass's override of the method stays what its name finds; a
-draft assigned under a second name of its class (`run = propose`) gets a descriptor per name.
+draft assigned under a second name in its class body (`run = propose`) gets a descriptor per name (a
+second name assigned after the class was made holds the same descriptor: replacing it raises).
 """
 
 from __future__ import annotations
@@ -68,6 +69,13 @@ class AsMethod:
         store = getattr(instance, "__dict__", None)
         if store is None:
             raise AttributeError(f"{type(instance).__name__!r} object has no __dict__ to hold {name!r}")
+        names = sorted({k for c in type(instance).__mro__ for k, v in vars(c).items() if v is self})
+        if len(names) > 1:  # Cls.run = Cls.propose after the class was made: one object, no way to tell the names apart
+            raise AttributeError(
+                f"cannot replace one of {' and '.join(map(repr, names))} on a {type(instance).__name__!r} object: both names hold "
+                f"one draft (a name assigned after the class was made), so a replacement would replace both; give the second "
+                f"name in the class body ({names[1]} = {names[0]}), where it gets a descriptor of its own"
+            )
         store[self._keys[1]] = value
 
     def __delete__(self, instance: Any) -> None:
