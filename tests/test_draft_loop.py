@@ -434,3 +434,19 @@ def test_a_draft_given_a_second_name_after_the_class_was_made_refuses_a_replacem
     with pytest.raises(AttributeError, match=r"'draft' and 'run'.*class body \(run = draft\)"):
         worker.run = lambda h: "replaced"
     assert torch.equal(worker.draft(h).indices, _eager_draft(worker, h).indices)
+
+
+def test_a_draft_method_first_looked_up_inside_a_compiled_region_is_traced_there():
+    """A server compiling the code that calls `worker.draft(...)`: the first lookup made the bound draft
+    inside the trace (inspect and a compile set up there), a graph break ("Attempted to call function
+    marked as skipped") under fullgraph=True. Inside a trace the lookup gives the method, traced inline as
+    the draft's call is; nothing is kept, and the first eager lookup makes the worker's draft."""
+    worker, h = _KvWorker(0), torch.randn(2, 8, generator=torch.Generator().manual_seed(2))
+    outer = torch.compile(lambda h: worker.draft(h + 1), fullgraph=True, backend="eager")
+    with torch.no_grad():
+        got = outer(h)
+    assert torch.equal(worker.kv[0], (h + 1)[0])  # its write done
+    want = _eager_draft(worker, h + 1)
+    assert torch.equal(got.indices, want.indices) and torch.allclose(got.values, want.values)
+    assert not [k for k in vars(worker) if k.startswith("_draftfuse_")]
+    assert isinstance(worker.draft, DraftLoop) and torch.equal(worker.draft(h).indices, _eager_draft(worker, h).indices)

@@ -9,8 +9,11 @@ second name assigned after the class was made holds the same descriptor: replaci
 
 from __future__ import annotations
 
+import functools
 import inspect
 from typing import Any
+
+import torch
 
 _UNSET = object()
 
@@ -55,6 +58,8 @@ class AsMethod:
             bound = self._bound.get(id(instance))
         if isinstance(bound, AsMethod) and bound._instance is instance and bound._fn is self._fn:
             return bound
+        if torch.compiler.is_compiling():  # first looked up inside another compiled region: the method, traced there
+            return functools.partial(self.inline_fn, instance)  # (as the draft's call would be; nothing kept)
         bound = self._bound_to(instance)
         bound._looked_up = True  # made again on the next lookup: never pickled (its function's name is this draft's)
         if store is not None:
