@@ -96,15 +96,28 @@ def test_the_draft_s_own_exception_is_quoted():
 
 
 def _decides_on_a_read(hidden):
-    n = hidden.argmax(-1)[0].item()
+    n = hidden.argmax(-1)[0].item()  # <- read
     return hidden.argmax(-1) + (1 if n > 5 else 0)  # <- decision
 
 
+def _decides_on_a_longest(hidden, seq_lens):
+    longest = int(seq_lens.max())  # <- int read
+    steps = 2 if longest > 100 else 3  # <- int decision
+    for _ in range(steps):
+        hidden = torch.tanh(hidden)
+    return hidden.argmax(-1)
+
+
 def test_a_python_decision_on_a_read_value_is_a_host_sync_with_the_where_fix():
-    """It carried torch's torch._check advice and the fix for data-dependent sizes."""
+    """It carried torch's torch._check advice and the fix for data-dependent sizes. The cause names the
+    line that read the value: for `int(seq_lens.max())` (a server's longest sequence) it did not (the
+    probe that finds the read traced it as a graph break, leaving it out of its graph)."""
     error = _raises(HostSyncError, draft_loop(_decides_on_a_read), torch.randn(2, 8))
     assert error.where == _line("decision") and "a Python decision" in error.cause and "_check" not in error.cause
+    assert f"read at {_line('read')} " in error.cause, error.cause
     assert "torch.where" in error.fix
+    error = _raises(HostSyncError, draft_loop(_decides_on_a_longest), torch.randn(2, 8), torch.tensor([3, 4]))
+    assert error.where == _line("int decision") and f"read at {_line('int read')} " in error.cause, error.cause
 
 
 def test_untraceable_call_is_a_graph_break():

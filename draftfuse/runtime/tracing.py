@@ -58,9 +58,11 @@ class _Captured(Exception):
 def trace_before_break(fn: Callable[..., Any], dynamic: bool | None, args: tuple, kwargs: dict, backend: Callable[..., Any]) -> None:
     """Trace `fn` without fullgraph into `backend`, which raises _Captured once it has the first graph:
     the graph before the draft's first graph break. Nothing of the draft runs but what comes before its
-    first traced op, where that op is past a break; its code is a copy, so the draft's cache is untouched."""
+    first traced op, where that op is past a break; its code is a copy, so the draft's cache is untouched.
+    A host read (`.item()`, `int(t)`) is traced into the graph, as under fullgraph, so the graph holds it
+    when what breaks is a decision on its value."""
     try:
-        with torch.no_grad():
+        with torch.no_grad(), torch._dynamo.config.patch(capture_scalar_outputs=True):
             torch.compile(own_code(fn), dynamic=dynamic, backend=backend)(*args, **kwargs)
     except Exception:
         pass
