@@ -261,6 +261,25 @@ def test_recompile_past_the_limit_says_what_changed():
     assert torch.equal(draft(torch.ones(4), 1), torch.full((4,), 2.0))
 
 
+def _over_caches(x, caches, meta):
+    for cache in caches:
+        x = x + cache.sum() * meta["scale"]
+    return x
+
+
+def test_recompile_names_the_entry_of_a_list_or_dict_that_changed():
+    """A list of KV tensors (and a dict of settings) was described as "list object" before and after, so
+    the error said "no argument changed as a whole" when one cache's shape changed."""
+    draft = draft_loop(_over_caches, max_compiles=1)
+    draft(torch.randn(4), [torch.randn(2, 8), torch.randn(2, 8)], {"scale": 2.0})
+    with pytest.raises(RecompileError) as info:
+        draft(torch.randn(4), [torch.randn(2, 8), torch.randn(3, 8)], {"scale": 2.0})
+    assert "caches[1]: float32 of shape (3, 8) on cpu, was float32 of shape (2, 8) on cpu" in info.value.cause, info.value.cause
+    with pytest.raises(RecompileError) as info:
+        draft(torch.randn(4), [torch.randn(2, 8)] * 3, {"scale": 3.0})
+    assert "caches: list of 3, was list of 2" in info.value.cause and "meta['scale']: 3.0, was 2.0" in info.value.cause, info.value.cause
+
+
 def test_the_guard_named_is_the_one_of_the_last_compile():
     """It was the first compile's (steps: 4, was 3, with "guard failed: steps == 1")."""
     draft = draft_loop(_steps, max_compiles=3)

@@ -238,6 +238,25 @@ def describe_value(value: Any) -> str:
     return text if len(text) <= 60 else f"{type(value).__name__} object"
 
 
+def describe_arguments(arguments: dict[str, Any]) -> dict[str, str]:
+    """Each argument described (describe_value), the entries of its lists, tuples and dicts one by one
+    (kv[1], meta['seq_lens']: a tensor in a list whose shape changed is named)."""
+    described: dict[str, str] = {}
+
+    def add(name: str, value: Any, depth: int) -> None:
+        entries = value.items() if isinstance(value, dict) else enumerate(value) if isinstance(value, (list, tuple)) else None
+        if entries is None or depth == 3 or len(value) > 64:
+            described[name] = describe_value(value)
+            return
+        described[name] = f"{type(value).__name__} of {len(value)}"
+        for key, entry in entries:
+            add(f"{name}[{key!r}]", entry, depth + 1)
+
+    for name, value in arguments.items():
+        add(name, value, 0)
+    return described
+
+
 def last_guard_failure(code: Any) -> str:
     """The guard of the code's latest compiled entry that failed (why it recompiled), or ""."""
     # one record per entry that failed, newest entry first on each call: "0/3: steps == 4    # for ...  # file:line"

@@ -343,7 +343,7 @@ class DraftLoop(AsMethod):
             bound = inspect.signature(self._fn).bind(*args, **kwargs)
         except (TypeError, ValueError):
             return {}
-        return {name: checks.describe_value(value) for name, value in bound.arguments.items()}
+        return checks.describe_arguments(bound.arguments)
 
 
 def _no_draft() -> None:
