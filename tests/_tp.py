@@ -372,8 +372,29 @@ def _dtensor_grad() -> str:
     return "" if torch.allclose(got.grad, x.grad) else f"gradient {got.grad} vs eager {x.grad}"
 
 
+def _dtensor_draft_loop() -> str:
+    """A DTensor draft (from_local(...).full_tensor(), or .redistribute(...).to_local()) under draft_loop,
+    called with a new shard tensor each time: the DeviceMesh input was taken for a tensor that from_local (an
+    unknown call) writes, and mark_static_address raised TypeError on it, so no DTensor draft compiled."""
+    import draftfuse
+
+    world, rank, wrong = dist.get_world_size(), dist.get_rank(), []
+    for form in (dtensor_full, dtensor_redistribute):
+        draft = draftfuse.draft_loop(lambda x, form=form: torch.softmax(form(x), -1).topk(2, -1))
+        for call in range(3):
+            full = logits("random", world).roll(5 * call, dims=-1)  # other tokens on each call
+            got, want = draft(full[:, rank * S : (rank + 1) * S].contiguous()), torch.softmax(full, -1).topk(2, -1)
+            if not (torch.equal(got.indices, want.indices) and torch.allclose(got.values, want.values)):
+                wrong.append(f"{form.__name__} call {call}: {got.indices.tolist()} vs {want.indices.tolist()}")
+        rewrites = [r for record in draft.compiles for rep in record.reports if rep.pass_name == "vocab_parallel" for r in rep.rewrites]
+        if len(rewrites) != 1 or len(draft.compiles) != 1:
+            wrong.append(f"{form.__name__}: {len(rewrites)} localised selections in {len(draft.compiles)} compiles, expected 1 in 1")
+    return "; ".join(wrong)
+
+
 EXTRA_CASES: dict[str, Callable[[], str]] = {
     "dtensor_full-grad": _dtensor_grad,
+    "dtensor-draft_loop": _dtensor_draft_loop,
     "fold-chain": _fold,
     "example-draft_loop-chain": lambda: _example("chain"),
     "example-draft_loop-tree": lambda: _example("tree"),

@@ -43,6 +43,7 @@ from typing import Any
 
 import torch
 import torch.fx
+from torch._library.fake_class_registry import FakeScriptObject
 from torch.fx.experimental.symbolic_shapes import free_unbacked_symbols
 from torch.multiprocessing.reductions import StorageWeakRef
 from torch.utils._pytree import tree_leaves
@@ -61,6 +62,9 @@ _PYTHON_METHODS = frozenset({
     "data_ptr", "const_data_ptr", "untyped_storage", "dim_order", "storage_offset", "get_device",
 })  # fmt: skip
 _PLAIN_MODULES = ("_operator", "operator", "math", "builtins")  # functions on Python values
+# DTensor's conversions between local shards and the global tensor (a collective where the placements
+# change): they write nothing, and their value may be the local tensor they read
+_DTENSOR_METHODS = frozenset({"to_local", "full_tensor", "redistribute"})
 
 
 @functools.cache
@@ -98,6 +102,14 @@ def _is_plain_python(node: Node) -> bool:
         return node.target in _PYTHON_METHODS
     module = getattr(node.target, "__module__", None) or ""
     return module in _PLAIN_MODULES
+
+
+def _converts_dtensor(node: Node) -> bool:
+    """DTensor.from_local(x, mesh, placements), dt.to_local(), dt.full_tensor(), dt.redistribute(...)."""
+    if node.op == "call_method":
+        return node.target in _DTENSOR_METHODS
+    target = node.target
+    return getattr(target, "__qualname__", None) == "DTensor.from_local" and str(getattr(target, "__module__", "")).startswith("torch.distributed")
 
 
 def _argument(node: Node, position: int, argument: Any) -> Any:
@@ -144,6 +156,8 @@ def written_values(node: Node) -> list[Node] | None:
         return None  # a body of its own, with writes not looked into
     if node.target in _IN_PLACE_OPERATORS:
         return [node.args[0]] if isinstance(node.args[0], Node) else []
+    if _converts_dtensor(node):
+        return []
     written: list[Node] = []
     if _passes_inplace(node) and node.args and isinstance(node.args[0], Node):
         written.append(node.args[0])  # F.relu(x, inplace=True), F.elu(x, 1.0, True) and friends
@@ -166,7 +180,7 @@ def is_random(node: Node) -> bool:
         return node.op == "call_module"
     overloads = _overloads(node)
     if overloads is None:
-        return not _is_plain_python(node)
+        return not (_is_plain_python(node) or _converts_dtensor(node))
     return any(torch.Tag.nondeterministic_seeded in overload.tags for overload in overloads)
 
 
@@ -209,7 +223,8 @@ def _storages(value: Any) -> frozenset[Any] | None:
 
 def _reads_memory(node: Node) -> list[Node]:
     """Inputs that may hold tensors (anything but recorded Python scalars and symbolic sizes)."""
-    scalars = (torch.SymInt, torch.SymFloat, torch.SymBool, int, float, bool)
+    # and opaque objects (a DeviceMesh or process group the draft passes to a collective): no tensor memory
+    scalars = (torch.SymInt, torch.SymFloat, torch.SymBool, int, float, bool, torch.ScriptObject, FakeScriptObject)
     return [a for a in node.all_input_nodes if not isinstance(fake(a), scalars)]
 
 
@@ -244,7 +259,7 @@ class Effects:
                 own = (own or frozenset([node])) | read_memory
                 writes = read_memory
             else:
-                own = own if own is not None else frozenset([node]) | read_memory
+                own = own if own is not None and not _converts_dtensor(node) else (own or frozenset([node])) | read_memory
                 writes = frozenset().union(*(self._memory.get(a, frozenset([a])) for a in written))
             self._memory[node] = own
             self._writes[node] = writes
