@@ -1114,3 +1114,33 @@ def test_a_stance_other_than_the_default_is_honoured():
         torch.manual_seed(1)
         want = sample(logits)
     assert torch.equal(got, want)
+
+
+def _passes_back(hidden, scratch, out_buf):
+    return torch.softmax(hidden, -1), out_buf
+
+
+def _passes_back_nested(hidden, bufs, out):
+    return hidden * 2, bufs[0]
+
+
+@pytest.mark.parametrize("nested", [False, True])
+def test_arguments_that_were_one_object_when_recorded_are_returned_as_each_call_passes_them(nested):
+    """A warm-up passing one dummy for several buffers (`draft(h, dummy, dummy)`, or `out` that is
+    `bufs[0]`): the Replay rebuilt the returned buffer from the first argument holding that object, and
+    every later call with distinct buffers returned `scratch` where eager returns `out_buf` (`out` for
+    `bufs[0]`). It returns what this call passes; a Replay holding arguments to be one object does not run
+    for a call where they are not."""
+    hidden, dummy = torch.randn(2, 3), torch.zeros(3)
+    if nested:
+        draft, call = draftfuse.draft_loop(_passes_back_nested), lambda a, b: draft(hidden, [b], a)
+    else:
+        draft, call = draftfuse.draft_loop(_passes_back), lambda a, b: draft(hidden, a, b)
+    for _ in range(3):
+        call(dummy, dummy)
+    for _ in range(3):
+        a, b = torch.full((3,), 1.0), torch.full((3,), 2.0)
+        assert call(a, b)[1] is b
+    for _ in range(2):  # one object again
+        assert call(a, a)[1] is a
+    assert len(draft._replays) == 2  # the aliased recording's, and one of distinct buffers

@@ -254,14 +254,15 @@ class DraftLoop(AsMethod):
 
     def _build_replay(self, args: tuple, kwargs: dict, out: Any, entry_run: tuple[set, Any]) -> None:
         self._replays = [r for r in self._replays if not r.stale]
-        # the recorder this call ran: the one whose count moved; it must have captured, and have no Replay yet
+        # the recorder this call ran: the one whose count moved; it must have captured
         ran = [(r, p) for r, p in self._recorders if r.calls == r.last_seen + 1]  # (last_seen: see _forget_call)
-        if len(ran) != 1 or not ran[0][0].captured or any(x.recorder is ran[0][0] for x in self._replays):
+        if len(ran) != 1 or not ran[0][0].captured:
             return
         recorder, placeholders = ran[0]
-        if recorder.refused == recorder.generation:
-            return  # this recording cannot run without Dynamo (the log said why): do not ask again
-        recorder.refused = recorder.generation
+        # one Replay per recording; more only while each holds arguments to be one object (_template), up to 4
+        mine = [x for x in self._replays if x.recorder is recorder]
+        if recorder.refused == recorder.generation or len(mine) >= 4 or any(not x.aliased for x in mine):
+            return  # (refused: this recording cannot run without Dynamo, the log said why: do not ask again)
         # The entry that ran: the one whose guards passed before the call, else the one this call compiled. Its
         # guards must pass after the call too: a draft that changes what they read (a flag it clears) would
         # otherwise leave a Replay whose guards describe one call and whose recording another.
@@ -273,12 +274,15 @@ class DraftLoop(AsMethod):
         with torch.no_grad():  # as the call ran
             passes = entry is not None and _passes(entry, f_locals)
         if not passes:  # own_code gives the draft a frame of its own: should torch.compile still run it inside another
+            recorder.refused = recorder.generation
             warn_no_fast_replay("the compiled entry that ran does not pass its guards for this call's arguments as they are after "
                                 "the call (the draft changed what they read: an argument or attribute it mutates), or torch.compile "
                                 "ran the draft inside a wrapper frame")
             return
         replay = Replay.build(entry, recorder, placeholders, f_locals, out)
-        if replay is not None:
+        if replay is None:
+            recorder.refused = recorder.generation
+        else:
             self._replays.insert(0, replay)
 
     # ---- the compile: prepare -> checks -> lower ----

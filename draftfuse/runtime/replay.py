@@ -215,7 +215,7 @@ class Replay:
         self.checked_by_source = [name for name, _, _ in statics]
         self.held = held  # the static tensors the graph reads and writes in place (weights, buffers, KV caches)
         self.pointers = [t.data_ptr() for t in held]
-        self.leaves, self.spec = template
+        self.leaves, self.spec, self.aliased = template
         self.flat_tuple = self.spec == tree_flatten(tuple(range(len(self.leaves))))[1]  # rebuilt without pytree
         self.graph_leaves = sorted({where for kind, where in self.leaves if kind == "graph"})
         only_graph = self.flat_tuple and all(kind == "graph" for kind, _ in self.leaves)
@@ -287,11 +287,13 @@ class Replay:
             return "the arguments hold too many values to tell the returned ones apart from them"
         # a container that is an argument stays one leaf: the call's own list, not a new one
         leaves, spec = tree_flatten(output, is_leaf=lambda x: isinstance(x, (list, tuple, dict)) and id(x) in paths)
-        plan = []
+        plan, aliased = [], []
         for leaf in leaves:
             found = paths.get(id(leaf), [])
             if not isinstance(leaf, _PINNED) and found:  # an argument returned (a written buffer, an object passed
                 plan.append(("argument", found[0]))  # through): the call's own, as eager returns it, not the recorded call's
+                if len(found) > 1:  # one object under several arguments here (a warm-up's one dummy for two buffers):
+                    aliased.append(found)  # which of them Dynamo returns is told apart only while they are one object
             elif isinstance(leaf, torch.Tensor) and id(leaf) in graph_outputs:
                 plan.append(("graph", graph_outputs[id(leaf)]))
             elif isinstance(leaf, torch.Tensor) and id(leaf) in inputs:  # a tensor the graph read (self.kv): the call's
@@ -305,7 +307,7 @@ class Replay:
             else:
                 return (f"the draft returns a {type(leaf).__name__} that is neither a graph output nor an argument (or in one): "
                         "a tensor made outside the graph, or an object from elsewhere")
-        return plan, spec
+        return plan, spec, aliased
 
     def matches(self, f_locals: dict[str, Any], explain: bool = False) -> bool:
         """Whether this recording may run the call; with `explain`, the reason it may not is logged."""
@@ -323,6 +325,10 @@ class Replay:
             if not self.same_static(f_locals):
                 if explain:
                     log.debug("draftfuse: replay missed: a weight, buffer or KV cache is another tensor")
+                return False
+            if self.aliased and not all(all(_follow(f_locals, p) is _follow(f_locals, paths[0]) for p in paths[1:]) for paths in self.aliased):
+                if explain:
+                    log.debug("draftfuse: replay missed: arguments that were one object when recorded are not now")
                 return False
         except Exception as error:
             if explain:
