@@ -969,6 +969,27 @@ def test_outputs_handed_out_are_never_written_by_a_later_call(monkeypatch, copy_
     assert not any(spare.free() for spare in recorder.spares)
 
 
+def test_calls_through_dynamo_get_outputs_of_their_own_unless_zero_copy(monkeypatch, copy_launches):
+    """The recorder's call (what Dynamo's code calls) returned the recording's own output tensors, and
+    draft_loop copied the returned ones afterwards: tensors Dynamo's code put elsewhere (a returned
+    dataclass's field, `self.last = h`) were the recording's, written by the next call, and `self.last is
+    returned` no longer held. The recorder hands out outputs of their own to every call now (spares, or
+    copies); zero_copy_outputs keeps the recording's."""
+    recorder, x, weight = _recorded_with_spares(monkeypatch)
+    kept = []
+    for step in range(4):  # every call's outputs kept: two spares, then copies
+        x.fill_(float(step))
+        kept.append(recorder(weight, x))
+    for step, (scaled, total) in enumerate(kept):
+        assert torch.equal(scaled, torch.full((4,), 2.0 * step)) and torch.equal(total, torch.tensor([4.0 * step]))
+    assert all(scaled.data_ptr() != recorder.outputs[0].data_ptr() for scaled, _ in kept)
+    zero_copy = _simulated_recorder(monkeypatch, lambda w, x: (x * w,), [True, False])
+    zero_copy.hand_out = False
+    for _ in range(3):
+        out = zero_copy(weight, x)
+    assert out[0] is zero_copy.outputs[0]
+
+
 def test_a_spare_replays_again_once_nothing_holds_its_outputs(monkeypatch, copy_launches):
     recorder, x, weight = _recorded_with_spares(monkeypatch)
     copies = copy_launches()

@@ -6,6 +6,7 @@ test calls the draft a few times before it measures or compares.
 
 from __future__ import annotations
 
+import dataclasses
 import gc
 import weakref
 
@@ -125,6 +126,39 @@ def test_outputs_kept_from_every_call_stay_eager_and_a_server_loop_copies_nothin
         torch.testing.assert_close(got[1], want[1], rtol=0, atol=1e-5)
         previous = (got, [t.clone() for t in got])
     assert not copies
+
+
+@dataclasses.dataclass
+class _Proposal:  # a worker's output object (EAGLE's verify input, say): not a pytree
+    tokens: torch.Tensor
+    probs: torch.Tensor
+
+
+class _StoringWorker:
+    def __init__(self) -> None:
+        self.model, _, _, self.kv_cache, self.position = make_inputs("cuda")
+        self.last_probs = None
+
+    @draft_loop
+    def propose(self, tokens, hidden):
+        out_tokens, out_probs = draft(self.model, tokens, hidden, self.kv_cache, self.position, steps=1)
+        self.last_probs = out_probs  # kept for the next round, as workers keep their last step's state
+        return _Proposal(out_tokens, out_probs)
+
+
+def test_outputs_in_an_object_or_an_attribute_are_the_callers_and_keep_their_identity():
+    """A dataclass returned, and `self.last_probs = p`: their tensors were the recording's own (draft_loop
+    copied only pytree leaves it returned), so the next call wrote them, and `self.last_probs` was not the
+    returned tensor (eager: the same one). Each call through Dynamo now gets outputs of its own."""
+    worker = _StoringWorker()
+    for seed in range(1, 4):  # warm-up, record, and calls: Dynamo's code stores the attribute (no fast replay)
+        kept = worker.propose(*_other_inputs(seed))
+    snapshot = (kept.tokens.clone(), kept.probs.clone())
+    assert worker.last_probs is kept.probs
+    later = worker.propose(*_other_inputs(9))
+    assert not torch.equal(later.probs, snapshot[1])  # the later call did produce something else
+    assert torch.equal(kept.tokens, snapshot[0]) and torch.equal(kept.probs, snapshot[1])
+    assert worker.last_probs is later.probs
 
 
 def test_zero_copy_outputs_are_the_graphs_own():

@@ -55,7 +55,6 @@ from typing import Any
 
 import torch
 from torch._dynamo import eval_frame as _eval_frame
-from torch.utils._pytree import tree_flatten, tree_leaves, tree_unflatten
 
 from draftfuse.graph.values import user_frame
 from draftfuse.options import Options
@@ -64,8 +63,8 @@ from draftfuse.runtime.binding import binder, sync_defaults
 from draftfuse.runtime.errors import DraftCaptureError, RecompileError
 from draftfuse.runtime.methods import AsMethod
 from draftfuse.runtime.pipeline import CompileRecord, lower, prepare
-from draftfuse.runtime.recorder import GraphRecorder, caller_copies, log
-from draftfuse.runtime.replay import Replay, argument_paths, warn_no_fast_replay
+from draftfuse.runtime.recorder import GraphRecorder, log
+from draftfuse.runtime.replay import Replay, warn_no_fast_replay
 from draftfuse.runtime.tracing import capture_error, own_code
 
 _CPU_WARNING = (
@@ -195,24 +194,11 @@ class DraftLoop(AsMethod):
         if self._warn_cpu:
             self._warn_cpu = False
             warnings.warn(_CPU_WARNING.format(name=getattr(self._fn, "__qualname__", "")), stacklevel=user_frame()[1])
-        # returned as they are, as a Replay returns them: the call's own arguments (at any depth of their
-        # tuples, lists and dicts) and the tensors the graph read (a KV cache attribute, say); before the
-        # recorders forget the call's inputs
-        as_is = set() if self._zero_copy else (set(argument_paths({**dict(enumerate(args)), **kwargs}) or ())
-                                               | {id(v) for v in self._last_inputs()})
-        # and a view of one (cache[:, :2]) is one, as in eager: in the caller's memory, not copied
-        callers = {t.untyped_storage().data_ptr() for t in [*tree_leaves((args, kwargs)), *self._last_inputs()] if isinstance(t, torch.Tensor)}
+        # The outputs are the caller's already, wherever Dynamo's code put them (returned, in an object, in an
+        # attribute): the recorder hands out outputs of their own to a call through Dynamo (zero_copy_outputs:
+        # the recording's), and a region run plainly (its first call, or off CUDA) makes new ones.
         self._record_replay(args, kwargs, out, entry_run)
-        if self._zero_copy:
-            return out
-        leaves, spec = tree_flatten(out, is_leaf=lambda x: isinstance(x, (list, tuple, dict)) and id(x) in as_is)
-        fresh = [i for i, t in enumerate(leaves) if isinstance(t, torch.Tensor) and id(t) not in as_is]
-        copied = [i for i in fresh if leaves[i].untyped_storage().data_ptr() not in callers]
-        for i, duplicate in zip(copied, caller_copies([leaves[i] for i in copied])):
-            leaves[i] = duplicate
-        for i in set(fresh) - set(copied):
-            leaves[i] = leaves[i].detach()
-        return tree_unflatten(leaves, spec)
+        return out
 
     @property
     def _recorders(self) -> list[tuple[GraphRecorder, list[torch.fx.Node]]]:
@@ -249,7 +235,7 @@ class DraftLoop(AsMethod):
         """The recorders hold no tensor of the call just made, and count it as seen (a call that raised
         builds no Replay, and the next call's recorder is still told apart by its count)."""
         for recorder, _ in self._recorders:
-            recorder.last_call_inputs = ()
+            recorder.last_call_inputs, recorder.handed_out = (), None
             recorder.last_seen = recorder.calls
 
     def _build_replay(self, args: tuple, kwargs: dict, out: Any, entry_run: tuple[set, Any]) -> None:
@@ -317,7 +303,8 @@ class DraftLoop(AsMethod):
         written_at = {item.index for item in written}
         # read where they are: weights, buffers and written inputs (a plain tensor attribute is read per call)
         static = [checks.is_static(p) and (i in written_at or checks.is_parameter_or_buffer(p)) for i, p in enumerate(placeholders)]
-        recorder = GraphRecorder(compiled, static, written_at, device, spares=0 if self._zero_copy else options.spare_recordings)
+        recorder = GraphRecorder(compiled, static, written_at, device, spares=0 if self._zero_copy else options.spare_recordings,
+                                 hand_out=not self._zero_copy)
         self._recorder_refs.append((weakref.ref(recorder), placeholders))
         return _translating_capture_errors(recorder)
 

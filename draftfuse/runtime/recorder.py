@@ -24,11 +24,12 @@ from __future__ import annotations
 import logging
 import sys
 import warnings
+import weakref
 from collections.abc import Callable, Sequence
 from typing import Any
 
 import torch
-from torch.utils._pytree import tree_flatten
+from torch.utils._pytree import tree_flatten, tree_unflatten
 
 from draftfuse.graph.values import user_frame
 from draftfuse.kernels import selection as _selection
@@ -39,7 +40,8 @@ log = logging.getLogger("draftfuse")
 class GraphRecorder:
     """The compiled region, run plainly once, then captured in a CUDA graph and replayed (see the module doc)."""
 
-    def __init__(self, compiled: Callable[..., Any], static: Sequence[bool], written: set[int], device: torch.device, spares: int = 0) -> None:
+    def __init__(self, compiled: Callable[..., Any], static: Sequence[bool], written: set[int], device: torch.device, spares: int = 0,
+                 hand_out: bool = True) -> None:
         self.compiled = compiled
         self.check_overlap = getattr(compiled, "check", None)  # checks.guard_written_inputs's, for a region writing inputs
         self.static = list(static)  # per graph input: a weight, buffer or written input (True), read where it is
@@ -66,6 +68,11 @@ class GraphRecorder:
         self.spare_count = spares  # recordings whose outputs are handed to callers (see _Spare); none off CUDA
         self.callers_memory: set[int] = set()  # outputs in the memory of inputs read in place (flat indices)
         self.spares: list[_Spare] = []
+        # calls through Dynamo get outputs of their own (replay_for_caller), since Dynamo's code may put them
+        # anywhere (returned in an object, stored in an attribute); False: zero_copy_outputs, the recording's
+        self.hand_out = hand_out
+        # the flat outputs the last call through Dynamo got, if handed out: held weakly (held, a spare would stay busy)
+        self.handed_out: list[Any] | None = None
 
     def __call__(self, *inputs: Any) -> Any:
         self.calls += 1
@@ -87,8 +94,18 @@ class GraphRecorder:
         if not self.captured:
             self.outputs = self.compiled(*inputs)
             return self.outputs
-        self.replay([inputs[i] for i, _ in self.copies])
-        return self.outputs
+        sources = [inputs[i] for i, _ in self.copies]
+        if not self.hand_out or self.graph is None:  # off CUDA the region is called: its outputs are new
+            self.replay(sources)
+            return self.outputs
+        outputs = self.replay_for_caller(sources, range(len(self.flat_outputs())))
+        self.handed_out = [weakref.ref(t) if isinstance(t, torch.Tensor) else (lambda t=t: t) for t in outputs]
+        return tree_unflatten(outputs, tree_flatten(self.outputs)[1])
+
+    def last_outputs(self) -> list[Any]:
+        """The flat outputs the last call through Dynamo got: the ones handed out to it (None where the caller
+        dropped one), or the recording's."""
+        return [ref() for ref in self.handed_out] if self.handed_out is not None and self.graph is not None else self.flat_outputs()
 
     def flat_outputs(self) -> list[Any]:
         """The outputs as a flat list (cached on CUDA, where the graph's outputs are the same tensors)."""

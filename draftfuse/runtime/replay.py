@@ -281,7 +281,7 @@ class Replay:
         its path), or a constant; or why it cannot be rebuilt without Dynamo's code. A Python value that is
         also an argument is kept only if the guards pin that argument: Dynamo passes an unguarded one
         through as it comes, and a constant equal to it cannot be told apart from it."""
-        graph_outputs = {id(t): i for i, t in enumerate(tree_flatten(recorder.outputs)[0]) if isinstance(t, torch.Tensor)}
+        graph_outputs = {id(t): i for i, t in enumerate(recorder.last_outputs()) if isinstance(t, torch.Tensor)}
         paths = argument_paths(f_locals)  # at any depth: Dynamo returns cfg["meta"]["n"] as it finds it, unguarded
         if paths is None:
             return "the arguments hold too many values to tell the returned ones apart from them"
