@@ -286,3 +286,22 @@ def test_after_dynamo_reset_the_draft_records_anew_and_frees_the_old_graphs(monk
     assert torch.equal(got[0], want[0]) and torch.allclose(got[1], want[1])
     gc.collect()
     assert recorded() is None and len(compiled._recorders) == 1 and compiled._replays[0].recorder.graph is not None
+
+
+def _appends(x, history):
+    probs = torch.softmax(x * 2, -1)
+    history.append(probs)
+    return probs
+
+
+def test_a_returned_tensor_also_appended_to_an_argument_list_is_not_written_later():
+    """It was counted among the call's own arguments (the list was read after the call, holding it) and
+    handed out uncopied: the recording's output, written by the next call."""
+    compiled, history = draft_loop(_appends), []
+    x = torch.randn(BATCH, VOCAB, device="cuda")
+    for _ in range(_WARM_CALLS):
+        compiled(x, history)
+    kept = compiled(x, history)
+    snapshot = kept.clone()
+    compiled(x + 1, history)
+    assert torch.equal(kept, snapshot) and history[-2] is kept
