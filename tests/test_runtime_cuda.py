@@ -297,11 +297,13 @@ def _appends(x, history):
 def test_a_returned_tensor_also_appended_to_an_argument_list_is_not_written_later():
     """It was counted among the call's own arguments (the list was read after the call, holding it) and
     handed out uncopied: the recording's output, written by the next call."""
-    compiled, history = draft_loop(_appends), []
+    compiled = draft_loop(_appends)
     x = torch.randn(BATCH, VOCAB, device="cuda")
     for _ in range(_WARM_CALLS):
-        compiled(x, history)
+        compiled(x, [])  # a list per call (a growing one recompiles: its length is guarded)
+    history = []
     kept = compiled(x, history)
     snapshot = kept.clone()
-    compiled(x + 1, history)
-    assert torch.equal(kept, snapshot) and history[-2] is kept
+    later = compiled(x + 1, [])
+    assert not torch.equal(later, snapshot)  # the later call did produce something else
+    assert torch.equal(kept, snapshot) and history[0] is kept
