@@ -392,7 +392,28 @@ def _dtensor_draft_loop() -> str:
     return "; ".join(wrong)
 
 
+def _gathered_into_a_list() -> str:
+    """Megatron's gather (`dist.all_gather(list, x)`, then cat) was left as it was with no word (0 rewrites,
+    0 refusals): it is refused with the reason and the spellings that are localised; tokens are eager's."""
+    import draftfuse
+
+    world, rank, full = dist.get_world_size(), dist.get_rank(), logits("random", dist.get_world_size())
+
+    def draft(x):
+        parts = [torch.empty_like(x) for _ in range(world)]
+        dist.all_gather(parts, x)
+        return torch.softmax(torch.cat(parts, dim=-1), -1).topk(2, -1)
+
+    compiled = draftfuse.draft_loop(draft)
+    got, want = compiled(full[:, rank * S : (rank + 1) * S].contiguous()), torch.softmax(full, -1).topk(2, -1)
+    refusals = [r.reason for record in compiled.compiles for rep in record.reports if rep.pass_name == "vocab_parallel" for r in rep.refusals]
+    if not any("gathered into a list of buffers" in reason for reason in refusals):
+        return f"expected the list-of-buffers refusal, got {refusals}"
+    return "" if torch.equal(got.indices, want.indices) else f"tokens {got.indices.tolist()} vs {want.indices.tolist()}"
+
+
 EXTRA_CASES: dict[str, Callable[[], str]] = {
+    "gathered_into_a_list": _gathered_into_a_list,
     "dtensor_full-grad": _dtensor_grad,
     "dtensor-draft_loop": _dtensor_draft_loop,
     "fold-chain": _fold,

@@ -15,7 +15,7 @@ from tests import _tp
 
 pytestmark = pytest.mark.skipif(not (dist.is_available() and dist.is_gloo_available()), reason="needs torch.distributed with gloo")
 
-TWO = [*_tp.case_specs(), "example-draft_loop-chain", "fold-chain", "dtensor_full-grad", "dtensor-draft_loop"]
+TWO = [*_tp.case_specs(), "example-draft_loop-chain", "fold-chain", "dtensor_full-grad", "dtensor-draft_loop", "gathered_into_a_list"]
 FOUR = [
     "gather_dim-topk4", "chunk_cat-argmax-special-aten", "view_permute-log_topk3_temperature", "into_buffer-max_temperature-special",
     "dtensor_full-topk4-aten", "chunk_cat-padded_topk2", "gather_dim-topk4-kernels-ties", "gather_dim-last_row_topk2-aten",

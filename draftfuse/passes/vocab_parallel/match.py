@@ -80,6 +80,19 @@ def _walk_back(node: Node, through: set, limit: int = 256) -> Gather | None:
     return None
 
 
+def _gathered_into_buffers(node: Node) -> bool:
+    """Whether `node` is a cat of buffers that a gather's value is copied into (`dist.all_gather(list, x)`
+    then `torch.cat(list, -1)`, Megatron's spelling; Dynamo traces it to a gather into one tensor, a slice
+    of it copied into each buffer): a form the reassembly does not read."""
+    if target_key(node) not in layout._CATS or not node.args or not isinstance(node.args[0], (list, tuple)):
+        return False
+    for buffer in node.args[0]:
+        sources = [u.args[1] for u in getattr(buffer, "users", ()) if target_key(u) == "copy_" and u.args[0] is buffer and len(u.args) > 1]
+        if any(isinstance(v, Node) and _walk_back(v, _MOVEMENT) is not None for v in sources):
+            return True
+    return False
+
+
 def reads_gather(sel: Selection) -> bool:
     """Whether a selection reads gathered logits through a softmax (so a refusal is this pass's news)."""
     try:
@@ -116,6 +129,9 @@ def match(sel: Selection, level: str, effects: Effects, half_probs: str = "rewri
         return None
     gather = _walk_back(m.logits, _MOVEMENT)
     if gather is None:
+        if any(_gathered_into_buffers(n) for n in [m.logits, *m.logits.all_input_nodes]):
+            raise Refuse("the shards are gathered into a list of buffers (dist.all_gather(list, x), then cat): not localised; "
+                         "gather with funcol.all_gather_tensor or dist.all_gather_into_tensor")
         return None
     if m.half and half_probs == "keep":
         raise Refuse('reads half-precision probabilities and half_probs="keep"')
