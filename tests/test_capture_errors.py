@@ -210,6 +210,26 @@ def test_cache_swapped_between_calls_names_the_argument():
     assert "'cache' is written in place" in error.cause
 
 
+def _reads_previous(cache, prev, position, h):
+    cache[position] = h  # <- shared write
+    return prev * 1
+
+
+def test_a_read_input_that_shared_the_written_cache_names_the_sharing():
+    """`prev = cache[1]` on the first calls, a tensor of its own later: the error said 'prev' "is written in
+    place by the draft", which the draft never does. It names the sharing now; the cache itself swapped
+    keeps the plain message."""
+    draft = draft_loop(_reads_previous)
+    cache, position, h = torch.zeros(6, 4), torch.tensor([1]), torch.ones(1, 4)
+    for _ in range(2):
+        draft(cache, cache[1], position, h)
+    error = _raises(CudagraphSkipError, draft, cache, torch.full((4,), 7.0), position, h)
+    assert error.where == _line("shared write")
+    assert "input 'prev' shared memory with 'cache' when the draft was compiled" in error.cause, error.cause
+    error = _raises(CudagraphSkipError, draft, torch.zeros(6, 4), cache[1], position, h)
+    assert "input 'cache' is written in place by the draft" in error.cause, error.cause
+
+
 def _scaled(x):
     return x * 2  # <- first use
 

@@ -23,7 +23,7 @@ from typing import Any
 import torch
 from torch.fx.experimental.symbolic_shapes import free_symbols
 
-from draftfuse.graph.effects import Effects, defines_unbacked_symbols
+from draftfuse.graph.effects import Effects, defines_unbacked_symbols, written_values
 from draftfuse.graph.values import Node, fake, fake_tensor, input_name, is_python_number, source_name, user_location
 from draftfuse.runtime.errors import CudagraphSkipError, DraftCaptureError, HostSyncError, first_line
 
@@ -49,6 +49,7 @@ class WrittenInput:
     name: str  # the user's name for it: "kv_cache", "self.kv_cache"
     where: str  # file:line of its first in-place write, when known
     static: bool  # already static: a parameter, a buffer, or marked with mark_static_address
+    shares: tuple[str, ...] = ()  # the other inputs whose memory it shared when traced (prev = cache[1])
 
 
 def _first_use(node: Node) -> str:
@@ -140,12 +141,32 @@ def obstacles(gm: torch.fx.GraphModule, *, allow_dynamic: bool) -> list[DraftCap
 def written_inputs(gm: torch.fx.GraphModule) -> list[WrittenInput]:
     """Graph inputs the draft writes in place (through any view of them), with their first write."""
     placeholders = gm.graph.find_nodes(op="placeholder")
-    written = Effects(gm.graph).written_inputs()
+    effects = Effects(gm.graph)
+    written = effects.written_inputs()
+
+    def shares(node: Node) -> tuple[str, ...]:
+        """The inputs it shared memory with, when the draft writes it only through one of those."""
+        written_args = written_values(written[node]) or []
+        if any(node in _ancestors(arg) for arg in written_args):
+            return ()  # written through itself (or a view of it)
+        return tuple(input_name(other) for other in placeholders if other is not node and effects.may_share(node, other))
+
     return [
-        WrittenInput(index, input_name(node), user_location(written[node]), is_static(node))
+        WrittenInput(index, input_name(node), user_location(written[node]), is_static(node), shares(node))
         for index, node in enumerate(placeholders)
         if node in written
     ]
+
+
+def _ancestors(node: Node, limit: int = 64) -> set[Node]:
+    """`node` and the nodes it is computed from, up to `limit` of them."""
+    seen, frontier = {node}, [node]
+    while frontier and len(seen) < limit:
+        for source in frontier.pop().all_input_nodes:
+            if source not in seen:
+                seen.add(source)
+                frontier.append(source)
+    return seen
 
 
 def is_static(placeholder: Node) -> bool:
@@ -174,6 +195,16 @@ def make_static(gm: torch.fx.GraphModule, example_inputs: list[Any], written: Wr
 
 def moved_input_error(written: WrittenInput) -> CudagraphSkipError:
     """The error for a written input whose address changed since the draft was compiled."""
+    if written.shares:  # written through the memory it shared with another input (prev = cache[1]) when traced
+        others = ", ".join(repr(name) for name in written.shares)
+        return CudagraphSkipError(
+            f"input {written.name!r} shared memory with {others} when the draft was compiled, and the draft writes "
+            "that memory in place; it is a different tensor now: a CUDA graph reads and writes the addresses it "
+            "recorded, so it would re-record (or use the old tensor)",
+            where=written.where,
+            fix=f"pass {written.name!r} the same way on every call (the same view of {others}, or a tensor of its own "
+            "from the first call on)",
+        )
     return CudagraphSkipError(
         f"input {written.name!r} is written in place by the draft but is a different tensor than on the "
         "first call: a CUDA graph writes to the address it recorded, so it would re-record (or write "
