@@ -565,3 +565,24 @@ def test_ranges_name_an_element_of_the_seeds_star_args_and_a_keyword_it_collects
     assert torch.equal(draft(hidden, lens, seq_lens=s), _varargs_steps(*_varargs_seed(hidden, lens, seq_lens=s)))
     declared = sorted(r.detail for r in seam_report(draft).rewrites if r.rule == "range declared")
     assert declared == ["every element of lens[0] in [1, inf]", "every element of seq_lens in [1, inf]"], seam_report(draft)
+
+
+def _default_scaled(x, scale=2.0, *, shift=1.0):
+    return x * scale + shift
+
+
+def test_a_fold_traced_in_another_region_after_its_defaults_changed():
+    """Inside another torch.compile(fullgraph=True) region the draft is traced as loop(*seed(...)): syncing
+    the composition's defaults there (an attribute store Dynamo does not trace) failed with "Unsupported
+    setattr() on unsupported type" once the seed's __defaults__ or __kwdefaults__ had been replaced."""
+    draft = fold(_default_scaled, lambda h: h + 1)
+    x = torch.arange(4.0)
+    draft(x)
+    saved = _default_scaled.__defaults__, _default_scaled.__kwdefaults__
+    try:
+        _default_scaled.__defaults__, _default_scaled.__kwdefaults__ = (3.0,), {"shift": -1.0}
+        outer = torch.compile(lambda x: draft(x) * 1, fullgraph=True, backend="eager")
+        assert torch.equal(outer(x), _default_scaled(x) + 1)
+        assert torch.equal(draft(x), _default_scaled(x) + 1)
+    finally:
+        _default_scaled.__defaults__, _default_scaled.__kwdefaults__ = saved

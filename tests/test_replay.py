@@ -843,7 +843,8 @@ class _SimulatedCudaGraph:
         self.replays += 1
         fn, inputs = self.calls[0]
         for static, new in zip(self.outputs, fn(*inputs)):
-            static.copy_(new)
+            if isinstance(static, torch.Tensor):
+                static.copy_(new)
 
 
 def _simulated_recorder(monkeypatch, fn, static, spares=0):
@@ -866,7 +867,8 @@ def _simulated_recorder(monkeypatch, fn, static, spares=0):
             g.calls.append((fn, inputs))
             memory = {v.untyped_storage().data_ptr() for v in inputs}
             # what the graph will write, unwritten yet (a view of an input stays one)
-            g.outputs = [t if t.untyped_storage().data_ptr() in memory else torch.empty_like(t) for t in fn(*inputs)]
+            g.outputs = [t if not isinstance(t, torch.Tensor) or t.untyped_storage().data_ptr() in memory else torch.empty_like(t)
+                         for t in fn(*inputs)]  # (an int: a size the region returns, as under dynamic=True)
             return tuple(g.outputs)
         return fn(*inputs)
 
@@ -988,6 +990,39 @@ def test_calls_through_dynamo_get_outputs_of_their_own_unless_zero_copy(monkeypa
     for _ in range(3):
         out = zero_copy(weight, x)
     assert out[0] is zero_copy.outputs[0]
+
+
+@pytest.mark.parametrize("spares", [0, 2])
+def test_a_size_among_the_outputs_is_handed_out_as_it_is(monkeypatch, spares):
+    """Under dynamic=True a region returns sizes (ints) beside its tensors: handing every output out called
+    .detach() on the int, and every call through Dynamo after the capture raised AttributeError."""
+    recorder = _simulated_recorder(monkeypatch, lambda w, x: (x * w, x.shape[0] * 2), [True, False], spares=spares)
+    weight, x = torch.full((4,), 2.0), torch.arange(4.0)
+    for _ in range(3):  # warm-up, capture, replay
+        scaled, size = recorder(weight, x)
+        assert torch.equal(scaled, x * weight) and size == 8
+
+
+class _ReadsKv:
+    def __init__(self):
+        self.kv = torch.ones(4)
+
+    @draftfuse.draft_loop
+    def draft(self, x, out):
+        return x * self.kv, self.kv
+
+
+def test_an_argument_that_was_a_tensor_the_graph_reads_when_recorded_is_told_apart():
+    """`w.draft(x, w.kv)` recorded: the returned self.kv was planned as argument `out` (the template's paths
+    are the arguments', not attributes), and a later call with another `out` returned `out` where eager
+    returns self.kv."""
+    worker, x = _ReadsKv(), torch.arange(4.0)
+    for _ in range(3):
+        worker.draft(x, worker.kv)
+    other = torch.zeros(4)
+    for _ in range(2):
+        assert worker.draft(x, other)[1] is worker.kv
+    assert worker.draft(x, worker.kv)[1] is worker.kv
 
 
 def test_a_spare_replays_again_once_nothing_holds_its_outputs(monkeypatch, copy_launches):

@@ -206,9 +206,6 @@ class DraftLoop(AsMethod):
         self._recorder_refs = [(ref, p) for ref, r, p in found if r is not None]
         return [(r, p) for _, r, p in found if r is not None]
 
-    def _last_inputs(self) -> list[Any]:
-        return [v for recorder, _ in self._recorders for v in recorder.last_call_inputs]
-
     def _cache_entries(self) -> list[Any]:
         """Dynamo's cache entries for the draft's code; none for a callable without code of its own (a
         functools.partial: its calls stay on the Dynamo path, and _build_replay says so)."""

@@ -31,7 +31,8 @@ keyword-only, *args, **kwargs and defaults as the seed has them; also under torc
 inference_mode()): a call passes through to draft_loop, which binds it once as CPython binds the seed,
 so draft(x, s), draft(x, seq_lens=s) and draft(x=x, seq_lens=s) are one graph, and the graph inputs
 carry the seed's parameter names (Dynamo names them after the source), so `value_ranges` can name them.
-Defaults replaced on the seed after fold (`__defaults__`, `__kwdefaults__`) are read per call. A seed
+Defaults replaced on the seed after fold (`__defaults__`, `__kwdefaults__`) are read per call (not for a
+method whose `self` has a default: the composition keeps the ones it was made with). A seed
 behind another decorator's wrapper that takes (*args, **kwargs) and names the function it wraps
 (functools.wraps) is called with the draft's arguments as they come, since such a wrapper may add or
 fill arguments: `value_ranges` then reaches the inputs the caller passes by keyword only (the report
@@ -48,6 +49,8 @@ import os
 import types
 from collections.abc import Callable, Mapping
 from typing import Any
+
+import torch
 
 from draftfuse.passes.seed_fold.seam import mark_seam_undoable, seam_facts, unmark_seam
 from draftfuse.runtime.draft_loop import DraftLoop, draft_loop
@@ -68,7 +71,7 @@ class FoldedDraft:
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         # the composition takes the seed's defaults as they are now (they may be replaced after fold)
         source = self._defaults_of
-        if source is not None:
+        if source is not None and not torch.compiler.is_compiling():  # (traced in another region: the seed is called)
             composition = self.draft._fn
             if composition.__defaults__ is not source.__defaults__ or composition.__kwdefaults__ is not source.__kwdefaults__:
                 composition.__defaults__, composition.__kwdefaults__ = source.__defaults__, source.__kwdefaults__

@@ -74,12 +74,12 @@ class AsMethod:
         store = getattr(instance, "__dict__", None)
         if store is None:
             raise AttributeError(f"{type(instance).__name__!r} object has no __dict__ to hold {name!r}")
-        names = sorted({k for c in type(instance).__mro__ for k, v in vars(c).items() if v is self})
-        if len(names) > 1:  # Cls.run = Cls.propose after the class was made: one object, no way to tell the names apart
+        others = sorted({k for c in type(instance).__mro__ for k, v in vars(c).items() if v is self} - {name})
+        if others:  # Cls.run = Cls.propose after the class was made: one object, no way to tell the names apart
             raise AttributeError(
-                f"cannot replace one of {' and '.join(map(repr, names))} on a {type(instance).__name__!r} object: both names hold "
+                f"cannot replace {name!r} or {others[0]!r} alone on a {type(instance).__name__!r} object: both names hold "
                 f"one draft (a name assigned after the class was made), so a replacement would replace both; give the second "
-                f"name in the class body ({names[1]} = {names[0]}), where it gets a descriptor of its own"
+                f"name in the class body ({others[0]} = {name}), where it gets a descriptor of its own"
             )
         store[self._keys[1]] = value
 

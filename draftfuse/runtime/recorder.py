@@ -98,14 +98,17 @@ class GraphRecorder:
         if not self.hand_out or self.graph is None:  # off CUDA the region is called: its outputs are new
             self.replay(sources)
             return self.outputs
-        outputs = self.replay_for_caller(sources, range(len(self.flat_outputs())))
-        self.handed_out = [weakref.ref(t) if isinstance(t, torch.Tensor) else (lambda t=t: t) for t in outputs]
+        tensors = [i for i, t in enumerate(self.flat_outputs()) if isinstance(t, torch.Tensor)]  # (a size: an int)
+        outputs = self.replay_for_caller(sources, tensors)
+        self.handed_out = [weakref.ref(t) if isinstance(t, torch.Tensor) else None for t in outputs]
         return tree_unflatten(outputs, tree_flatten(self.outputs)[1])
 
     def last_outputs(self) -> list[Any]:
         """The flat outputs the last call through Dynamo got: the ones handed out to it (None where the caller
         dropped one), or the recording's."""
-        return [ref() for ref in self.handed_out] if self.handed_out is not None and self.graph is not None else self.flat_outputs()
+        if self.handed_out is None or self.graph is None:
+            return self.flat_outputs()
+        return [ref() if ref is not None else value for ref, value in zip(self.handed_out, self.flat_outputs())]
 
     def flat_outputs(self) -> list[Any]:
         """The outputs as a flat list (cached on CUDA, where the graph's outputs are the same tensors)."""

@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import collections
 import dis
+import functools
 import inspect
 import operator
 import re
@@ -292,8 +293,16 @@ class Replay:
             found = paths.get(id(leaf), [])
             if not isinstance(leaf, _PINNED) and found:  # an argument returned (a written buffer, an object passed
                 plan.append(("argument", found[0]))  # through): the call's own, as eager returns it, not the recorded call's
-                if len(found) > 1:  # one object under several arguments here (a warm-up's one dummy for two buffers):
-                    aliased.append(found)  # which of them Dynamo returns is told apart only while they are one object
+                # One object under several arguments here (a warm-up's one dummy for two buffers), or an argument that
+                # is also a tensor the graph reads by another source (out is self.kv): which of them Dynamo returns is
+                # told apart only while they are one object.
+                same = [functools.partial(_follow, path=path) for path in found]
+                if isinstance(leaf, torch.Tensor) and id(leaf) in inputs:
+                    if (fetch := _fetcher(inputs[id(leaf)], leaf, scope)) is None:
+                        return "the draft returns a tensor the graph reads that is not found from the arguments"
+                    same.append(fetch)
+                if len(same) > 1:
+                    aliased.append(same)
             elif isinstance(leaf, torch.Tensor) and id(leaf) in graph_outputs:
                 plan.append(("graph", graph_outputs[id(leaf)]))
             elif isinstance(leaf, torch.Tensor) and id(leaf) in inputs:  # a tensor the graph read (self.kv): the call's
@@ -326,7 +335,7 @@ class Replay:
                 if explain:
                     log.debug("draftfuse: replay missed: a weight, buffer or KV cache is another tensor")
                 return False
-            if self.aliased and not all(all(_follow(f_locals, p) is _follow(f_locals, paths[0]) for p in paths[1:]) for paths in self.aliased):
+            if self.aliased and not all(all(get(f_locals) is same[0](f_locals) for get in same[1:]) for same in self.aliased):
                 if explain:
                     log.debug("draftfuse: replay missed: arguments that were one object when recorded are not now")
                 return False
