@@ -13,11 +13,11 @@ Outputs a caller keeps must not be written by its next call. Instead of copying 
 the recorder captures two spare recordings of the region (CUDA graphs of their own, each with its
 own output memory): a call replays a spare none of whose outputs any tensor outside the recorder
 refers to (a storage use count, as torch's CUDA graph trees read it) and hands out new tensors over
-that memory, on the fast path and to calls through Dynamo alike (whose code may keep an output anywhere:
-in a returned object, in an attribute); zero_copy_outputs hands out the main recording's. A server holding the last draft's outputs while the next runs copies nothing; a
-caller holding the outputs of both spares gets copies (the main recording, then one allocation and
-one copy launch per output). Calls of one draft are expected on one CUDA stream, as for any CUDA
-graph runner.
+that memory, on the fast path and to calls through Dynamo alike (whose code may keep an output
+anywhere: in a returned object, in an attribute); zero_copy_outputs hands out the main recording's.
+A server holding the last draft's outputs while the next runs copies nothing; a caller holding the
+outputs of both spares gets copies (the main recording, then one allocation and one copy launch per
+output). Calls of one draft are expected on one CUDA stream, as for any CUDA graph runner.
 """
 
 from __future__ import annotations
