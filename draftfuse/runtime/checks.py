@@ -158,10 +158,10 @@ def written_inputs(gm: torch.fx.GraphModule) -> list[WrittenInput]:
     ]
 
 
-def _ancestors(node: Node, limit: int = 64) -> set[Node]:
-    """`node` and the nodes it is computed from, up to `limit` of them."""
+def _ancestors(node: Node) -> set[Node]:
+    """`node` and the nodes it is computed from (at compile time, for an error's wording)."""
     seen, frontier = {node}, [node]
-    while frontier and len(seen) < limit:
+    while frontier:
         for source in frontier.pop().all_input_nodes:
             if source not in seen:
                 seen.add(source)

@@ -70,10 +70,9 @@ class FoldedDraft:
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         # the composition takes the seed's defaults as they are now (they may be replaced after fold)
-        source = self._defaults_of
-        if source is not None and not torch.compiler.is_compiling():  # (traced in another region: the seed is called)
-            composition = self.draft._fn
-            if composition.__defaults__ is not source.__defaults__ or composition.__kwdefaults__ is not source.__kwdefaults__:
+        source, composition = self._defaults_of, self.draft._fn
+        if source is not None and (composition.__defaults__ is not source.__defaults__ or composition.__kwdefaults__ is not source.__kwdefaults__):
+            if not torch.compiler.is_compiling():  # (traced in another region, the seed is called: nothing to sync)
                 composition.__defaults__, composition.__kwdefaults__ = source.__defaults__, source.__kwdefaults__
         return self.draft(*args, **kwargs)
 
@@ -152,7 +151,7 @@ def _seed_signature(seed: Callable[..., Any]) -> tuple[inspect.Signature | None,
     elif isinstance(seed, types.FunctionType):
         holder, fn = None, seed
     elif isinstance(getattr(type(seed), "__call__", None), types.FunctionType) and not isinstance(seed, type):
-        holder, fn = None if _static_call(seed) else seed, type(seed).__call__
+        holder, fn = seed, type(seed).__call__
     else:  # a partial, a builtin, a class
         try:
             return inspect.signature(seed), None, False
@@ -220,9 +219,9 @@ def fold(
     **draft_loop_settings: Any,
 ) -> FoldedDraft:
     """Compose `seed` and `loop` into one draft compiled as one captured region (see the module docstring)."""
-    signature, defaults_of, own = _seed_signature(seed)  # signature None (a builtin): arguments pass as they come
+    callee = _static_call(seed) or seed  # a staticmethod __call__: its function
+    signature, defaults_of, own = _seed_signature(callee)  # signature None (a builtin): arguments pass as they come
     facts = seam_facts(value_ranges=value_ranges, drop_buffer_writes=drop_buffer_writes)
-    callee = _static_call(seed) or seed
     folded = _composition(callee, loop, facts, signature if own else None)
     draft = draft_loop(folded, **draft_loop_settings)
     draft.inline_fn = functools.partial(_seed_then_loop, callee, loop)  # traced in an enclosing region: no marker

@@ -31,9 +31,13 @@ class AsMethod:
         # replacement (`worker.fast = fn`), which the name finds, not super()
         self._keys = (f"_draftfuse_{getattr(self._fn, '__qualname__', name)}", f"_draftfuse_set_{name}")
 
+    def _names_in(self, owner: type) -> list[str]:
+        """The names this descriptor has in `owner` and its bases, nearest first."""
+        return [k for c in owner.__mro__ for k, v in vars(c).items() if v is self]
+
     def _attribute_in(self, owner: type) -> str:
         if self._attribute is None:  # assigned after the class was made: Cls.fast = draft_loop(Cls.step)
-            self.__set_name__(owner, next((k for c in owner.__mro__ for k, v in vars(c).items() if v is self), self.__name__))
+            self.__set_name__(owner, next(iter(self._names_in(owner)), self.__name__))
         return self._attribute
 
     def __get__(self, instance: Any, owner: type | None = None) -> Any:
@@ -74,7 +78,7 @@ class AsMethod:
         store = getattr(instance, "__dict__", None)
         if store is None:
             raise AttributeError(f"{type(instance).__name__!r} object has no __dict__ to hold {name!r}")
-        others = sorted({k for c in type(instance).__mro__ for k, v in vars(c).items() if v is self} - {name})
+        others = sorted(set(self._names_in(type(instance))) - {name})
         if others:  # Cls.run = Cls.propose after the class was made: one object, no way to tell the names apart
             raise AttributeError(
                 f"cannot replace {name!r} or {others[0]!r} alone on a {type(instance).__name__!r} object: both names hold "

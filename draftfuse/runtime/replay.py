@@ -335,7 +335,7 @@ class Replay:
                 if explain:
                     log.debug("draftfuse: replay missed: a weight, buffer or KV cache is another tensor")
                 return False
-            if self.aliased and not all(all(get(f_locals) is same[0](f_locals) for get in same[1:]) for same in self.aliased):
+            if self.aliased and not all(len({id(get(f_locals)) for get in same}) == 1 for same in self.aliased):
                 if explain:
                     log.debug("draftfuse: replay missed: arguments that were one object when recorded are not now")
                 return False
