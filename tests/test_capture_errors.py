@@ -8,6 +8,7 @@ runs, so these tests cost a Dynamo trace each; the ones that need a first compil
 from __future__ import annotations
 
 import os
+import pickle
 import pathlib
 
 import pytest
@@ -93,6 +94,30 @@ def test_the_draft_s_own_exception_is_quoted():
     # torch 2.11's Dynamo keeps only the exception's type
     quoted = "ValueError('steps must be >= 1, got 0')" if torch.__version__ >= "2.13" else "ValueError"
     assert f"the draft raises {quoted} for this call's arguments" in error.cause, error.cause
+
+
+class _StepsError(LookupError):  # a draft's own exception class
+    pass
+
+
+def _validated_rows(hidden, rows: int):
+    if rows > hidden.shape[0]:
+        raise _StepsError("more rows than the batch")  # <- own class
+    return torch.softmax(hidden[:rows], -1).topk(1, -1)
+
+
+def test_the_error_is_also_the_exception_the_draft_raised():
+    """`except ValueError:` (or the draft's own class) around the call caught what eager raises, and nothing
+    from the compiled draft: the GraphBreakError is now an instance of the raised class too."""
+    with pytest.raises(ValueError) as caught:
+        draft_loop(_validated_steps)(torch.randn(2, 8), steps=0)
+    assert isinstance(caught.value, GraphBreakError) and caught.value.where == _line("user raise")
+    with pytest.raises(_StepsError) as caught:
+        draft_loop(_validated_rows)(torch.randn(2, 8), 3)
+    assert isinstance(caught.value, GraphBreakError) and caught.value.where == _line("own class")
+    again = pickle.loads(pickle.dumps(caught.value))  # as a worker process sends it
+    assert type(again) is type(caught.value) and str(again) == str(caught.value)
+    assert draft_loop(_validated_rows)(torch.randn(2, 8), 1)[1].shape == (1, 1)
 
 
 def _decides_on_a_read(hidden):

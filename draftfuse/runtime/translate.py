@@ -55,15 +55,16 @@ def _location(exc: BaseException) -> str:
     return f"{matches[-1][0]}:{matches[-1][1]}" if matches else ""
 
 
-def _classify(title: str, explanation: str, where: str, first_host_read: str = "", raised: str = "") -> DraftCaptureError:
+def _classify(title: str, explanation: str, where: str, first_host_read: str = "", raised: str = "",
+              raised_type: type | None = None) -> DraftCaptureError:
     """The error for a graph break or tracing failure described by Dynamo's title and explanation (`raised`:
-    the exception the traced draft raised, as Dynamo shows it)."""
+    the exception the traced draft raised, as Dynamo shows it; `raised_type`: its class, when known)."""
     title = _CONFIG_ADVICE.sub("", title).strip()  # "... call with capture_scalar_outputs=False": not a fix for a draft
     text = f"{title} {explanation}"
     # "Data-dependent assertion failed", "Assertion failed on symbolic shapes"; "Observed exception": a raise
     if re.search(r"assertion failed|observed exception", title, re.I):
         what = f"the draft raises {raised}" if raised else "an `assert` (or a `raise`) in the draft fails"
-        return GraphBreakError(
+        return _also_raised(raised_type)(
             f"{what} for this call's arguments when traced (their shapes or Python values: eager raises there too), "
             "or its condition reads a device value",
             where=where,
@@ -135,7 +136,7 @@ def from_exception(exc: BaseException, first_host_read: str = "") -> DraftCaptur
         text = str(getattr(exc, "msg", "") or exc)
         lines = _lines(text)
         title = getattr(exc, "gb_type", "") or (lines[0] if lines else type(exc).__name__)
-        return _classify(title, _explanation(lines), _location(exc), first_host_read, _raised(exc))
+        return _classify(title, _explanation(lines), _location(exc), first_host_read, *_raised(exc))
     if SKIP_MESSAGE in str(exc):
         return _skip_error(str(exc))
     if NO_FRAMES_MESSAGE in str(exc):  # Dynamo skipped the draft's frame whole (under a TorchDispatchMode, say)
@@ -169,20 +170,48 @@ def from_exception(exc: BaseException, first_host_read: str = "") -> DraftCaptur
     return None
 
 
-def _raised(exc: BaseException | None) -> str:
+def _raised(exc: BaseException | None) -> tuple[str, type | None]:
     """The exception the traced draft raised, as Dynamo shows it (MyError('steps must be >= 1, got 0'), or
-    its type's name), or ""."""
+    its type's name) and its class; ("", None) if none."""
     seen = set()
     while exc is not None and id(exc) not in seen:
         seen.add(id(exc))
         if isinstance(exc, torch._dynamo.exc.ObservedException):
+            kind = next((kind for kind, observed in torch._dynamo.exc.observed_exception_map.items() if observed is type(exc)), None)
             text = str(exc.args[0]) if exc.args else ""
             if re.match(r"raised exception \w+\(", text) and "Variable(" not in text:
-                return text.removeprefix("raised exception ")
-            kinds = torch._dynamo.exc.observed_exception_map
-            return next((kind.__name__ for kind, observed in kinds.items() if observed is type(exc)), "")
+                return text.removeprefix("raised exception "), kind
+            return (kind.__name__ if kind else ""), kind
         exc = exc.__cause__
-    return ""
+    return "", None
+
+
+_RAISED_KINDS: dict[type, type] = {}
+
+
+def _also_raised(kind: type | None) -> type:
+    """GraphBreakError, made a subclass of `kind` too (the exception the draft raised, which eager raises
+    there as well), so that `except ValueError:` around the draft's call still catches it. Only the class:
+    the error is built as a GraphBreakError (kind's own __init__ does not run). Plain GraphBreakError for
+    no kind, an exception that is not an Exception's subclass (SystemExit...) or one whose instance layout
+    rules out a common subclass (OSError's, StopIteration's)."""
+    if kind is None or not issubclass(kind, Exception) or issubclass(kind, DraftCaptureError):
+        return GraphBreakError
+    if kind not in _RAISED_KINDS:
+        try:
+            both = type("GraphBreakError", (GraphBreakError, kind), {
+                "__module__": GraphBreakError.__module__,
+                "__reduce__": lambda self: (_raised_error, (kind, self.cause, self.where, self.fix)),  # picklable
+            })
+            both.__qualname__ = f"GraphBreakError[{kind.__name__}]"
+        except TypeError:
+            both = GraphBreakError
+        _RAISED_KINDS[kind] = both
+    return _RAISED_KINDS[kind]
+
+
+def _raised_error(kind: type, cause: str, where: str, fix: str) -> GraphBreakError:
+    return _also_raised(kind)(cause, where=where, fix=fix)
 
 
 def is_data_dependent(exc: BaseException) -> bool:
