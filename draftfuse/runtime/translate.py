@@ -193,8 +193,8 @@ def _also_raised(kind: type | None) -> type:
     """GraphBreakError, made a subclass of `kind` too (the exception the draft raised, which eager raises
     there as well), so that `except ValueError:` around the draft's call still catches it. Only the class:
     the error is built as a GraphBreakError (kind's own __init__ does not run). Plain GraphBreakError for
-    no kind, an exception that is not an Exception's subclass (SystemExit...) or one whose instance layout
-    rules out a common subclass (OSError's, StopIteration's)."""
+    no kind, an exception that is not an Exception's subclass (SystemExit...) or a class that refuses a
+    common subclass (an instance layout of its own, such as OSError's; its metaclass or __init_subclass__)."""
     if kind is None or not issubclass(kind, Exception) or issubclass(kind, DraftCaptureError):
         return GraphBreakError
     if kind not in _RAISED_KINDS:
@@ -202,9 +202,10 @@ def _also_raised(kind: type | None) -> type:
             both = type("GraphBreakError", (GraphBreakError, kind), {
                 "__module__": GraphBreakError.__module__,
                 "__reduce__": lambda self: (_raised_error, (kind, self.cause, self.where, self.fix)),  # picklable
+                "__str__": BaseException.__str__,  # the message, not KeyError's repr of it
             })
             both.__qualname__ = f"GraphBreakError[{kind.__name__}]"
-        except TypeError:
+        except Exception:  # TypeError for the layouts; a metaclass or __init_subclass__ of the user's may refuse
             both = GraphBreakError
         _RAISED_KINDS[kind] = both
     return _RAISED_KINDS[kind]
