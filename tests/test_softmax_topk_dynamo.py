@@ -547,6 +547,16 @@ class TensorTemperatures(TestCase):
         for lowering in ("torch", "kernels"):  # the kernels' scale operand (their torch reference on a CPU)
             self.check(f, X, t, lowering=lowering)
 
+    def test_an_infinite_temperature_ties_the_row_as_eager(self):
+        """x / inf is +-0 everywhere: eager's probabilities are uniform and its argmax and max take the first
+        index (topk's choice among ties is its own). The torch form ordered by x * sign(t), x's own order (the
+        argmax of x), where the kernels order by x * sign(1 / t), all tied; both follow the kernels' scale now."""
+        t = torch.tensor([0.5, float("inf"), float("-inf"), -2.0])
+        argmax = lambda x, t: (torch.softmax(x / t[:, None], -1).amax(-1), torch.softmax(x / t[:, None], -1).argmax(-1))  # noqa: E731
+        for f in (argmax, lambda x, t: torch.softmax(x.div(t[:, None]), -1).max(-1)):
+            for lowering in ("torch", "kernels"):
+                self.check(f, X, t, lowering=lowering)
+
     def test_temperature_tensor_first_in_the_product(self):
         # s * x and torch.mul(s, x) with s of one value per row: the same scaling as x * s (refused before, as
         # if x were the factor, "varies along the softmax dim")

@@ -181,14 +181,17 @@ def _emit(m: Match, parts: SoftmaxParts, wants_values: bool, probs: str, lowerin
             value = _gathered(m, emit, index, m.k > 1 or sel.keepdim)
         op = "draftfuse.argmax_prob" if m.k == 1 else "draftfuse.topk_prob"
         return index, value, f"{prefix}softmax+{sel.kind}(k={m.k}) -> {op}", why_not, m.k == 1 and probs == "ones"
-    # Under a tensor temperature the order is that of x * sign(t): x's, -x's, or all tied (t = 0); integer
+    # Under a tensor temperature the order is that of x * sign(s), s the kernels' scale (1 / t for x / t): x's,
+    # -x's, or all tied (s = 0: t = +-inf, where x / t is +-0 everywhere, as eager's uniform row has it); integer
     # logits in float64 first (exact up to 2**53), where -x would wrap (uint8, or int8's -128)
     logits = m.logits
     if m.tensor_scale is not None:
         dtype = emit.dtype_of(logits)
         if dtype is None or not (dtype.is_floating_point or dtype.is_complex):
             logits = emit.call("cast", logits, torch.float64)
-        logits = emit.call("mul", logits, emit.call("sign", m.tensor_scale.node))
+        scale = m.tensor_scale.node
+        scale = emit.call("reciprocal", scale) if m.tensor_scale.op == "div" else scale
+        logits = emit.call("mul", logits, emit.call("sign", scale))
     dim_kept = True  # whether index_keepdim keeps the selected dim (as topk's indices do)
     if m.k == 1:
         if sel.keepdim or not (wants_values and probs == "ones"):
