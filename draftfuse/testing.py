@@ -65,8 +65,9 @@ def draft_graphs(fn: Callable[..., Any], *args: Any, options: dict[str, Any] | N
     found: dict[str, Any] = {}
 
     def backend(gm: torch.fx.GraphModule, example_inputs: list[Any]) -> Callable[..., Any]:
-        if found:
-            raise AssertionError("draft_graphs needs one Dynamo graph; the draft breaks into several")
+        # fullgraph=True: one graph, or Dynamo raises. The backend may still run twice, when Dynamo restarts
+        # the trace from inside it (a float64 0-d tensor turned into a Python float: TensorifyScalarRestartAnalysis)
+        found.clear()
         prepared = prepare(gm, parsed)
         found.update(before=graph_text(gm), after=graph_text(prepared.graph_module), reports=list(prepared.reports))
         return _post_grad(prepared.graph_module, example_inputs, parsed, found)

@@ -168,6 +168,21 @@ def test_golden_graphs_run_the_user_post_grad_pass_as_the_backend_does():
     assert in_options.calls == 1 and in_config.calls == 1
 
 
+def test_golden_graphs_of_a_draft_whose_trace_restarts():
+    """A float64 0-d temperature makes Dynamo restart the trace from inside the backend (it turns the tensor
+    into a Python float), which then runs again: draft_graphs said "the draft breaks into several" graphs
+    of a draft that compiles as one."""
+    from draftfuse.testing import draft_graphs
+
+    def draft(x, t):
+        return torch.softmax(x / t, -1).topk(3, -1)
+
+    x, t = torch.randn(3, 53), torch.tensor(0.7, dtype=torch.float64)
+    graphs = draft_graphs(draft, x, t)
+    assert "softmax+topk(k=3) -> topk(logits)" in graphs.report and "softmax" not in graphs.post_grad
+    assert torch.equal(graphs.outputs[1], draft(x, t)[1])
+
+
 def test_generated_code_has_no_topk():
     x = torch.randn(8, 128)
     out, code = run_and_get_code(torch.compile(_pick, backend="draftfuse", fullgraph=True), x)
