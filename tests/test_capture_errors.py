@@ -121,6 +121,38 @@ def test_the_error_is_also_the_exception_the_draft_raised():
     assert draft_loop(_validated_rows)(torch.randn(2, 8), 1)[1].shape == (1, 1)
 
 
+class _InferenceWorker(torch.nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.head = torch.nn.Linear(8, 16)
+        self.cache = torch.zeros(2, 4, 8)  # a KV cache the draft writes
+
+    @torch.inference_mode()
+    def draft(self, h, pos):
+        self.cache.index_copy_(1, pos, h.unsqueeze(1))  # <- inference write
+        return torch.softmax(self.head(h + self.cache.sum(1)), -1).topk(1, -1)
+
+
+def test_a_compile_that_fails_under_inference_mode_is_named_and_leaves_torch_working():
+    """torch 2.13 cannot compile a KV write under inference_mode ("Cannot set version_counter for inference
+    tensor", plain torch.compile too): that raw error came out, and every torch op after it failed an
+    internal assert ("PythonDispatcherTLS was not set"), grad mode left off. Now a DraftCaptureError with the
+    fix, and the thread's dispatch keys and grad mode are the caller's again."""
+    keys = (torch._C._dispatch_tls_local_include_set(), torch._C._dispatch_tls_local_exclude_set())
+    worker, eager = _InferenceWorker(), _InferenceWorker()
+    eager.load_state_dict(worker.state_dict())
+    h, pos = torch.randn(2, 8), torch.tensor([1])
+    try:
+        got = draft_loop(worker.draft)(h, pos)
+    except DraftCaptureError as error:
+        assert "inference_mode" in error.cause and "torch.no_grad()" in error.fix, str(error)
+        assert error.where == _line("inference write")
+    else:  # a torch that compiles it: eager's tokens
+        assert torch.equal(got[1], eager.draft(h, pos)[1])
+    assert (torch._C._dispatch_tls_local_include_set(), torch._C._dispatch_tls_local_exclude_set()) == keys
+    assert torch.is_grad_enabled() and (torch.randn(2, requires_grad=True) * 2).grad_fn is not None
+
+
 def _decides_on_a_read(hidden):
     n = hidden.argmax(-1)[0].item()  # <- read
     return hidden.argmax(-1) + (1 if n > 5 else 0)  # <- decision

@@ -47,6 +47,7 @@ import copy
 import functools
 import inspect
 import logging
+import traceback
 import types
 import warnings
 import weakref
@@ -178,8 +179,14 @@ class DraftLoop(AsMethod):
             limit = torch._dynamo.config.recompile_limit
             raised = torch._dynamo.config.patch(recompile_limit=self._max_compiles + 1) if self._max_compiles >= limit else contextlib.nullcontext()
             sync_defaults(self._code_fn, self._fn)
-            with span, raised, torch.no_grad():
-                out = self._compiled(*args, **kwargs)
+            # torch 2.11-2.13 can fail a compile under inference_mode leaving its dispatch keys set (every
+            # later op then fails an internal assert): the keys this thread had are put back, whatever happens
+            with span, raised, torch._C._PreserveDispatchKeyGuard(), torch.no_grad():
+                try:
+                    out = self._compiled(*args, **kwargs)
+                except BaseException as exc:
+                    _release_frames(exc)  # inside the guards: a guard torch left in a frame restores first
+                    raise
         except Exception as exc:
             self._forget_call()
             translated = capture_error(exc, self._fn, self._dynamic, args, kwargs)
@@ -332,6 +339,18 @@ class DraftLoop(AsMethod):
         except (TypeError, ValueError):
             return {}
         return checks.describe_arguments(bound.arguments)
+
+
+def _release_frames(exc: BaseException) -> None:
+    """Clear the locals of the frames in `exc`'s tracebacks (its causes' too). A compile that failed under
+    inference_mode can leave torch's own mode guards alive in those frames (torch 2.11-2.13); freed when the
+    error is, later, they would set this thread's dispatch keys and grad mode back to what they were inside
+    the compile. Cleared here, they do so at once, and the guards around the call then restore the caller's."""
+    seen: set[int] = set()
+    while exc is not None and id(exc) not in seen:
+        seen.add(id(exc))
+        traceback.clear_frames(exc.__traceback__)
+        exc = exc.__cause__ or exc.__context__
 
 
 def _no_draft() -> None:

@@ -35,6 +35,7 @@ _BRANCH_FIX = "compute both sides and pick with torch.where (or use torch.cond):
 _UNBOUND = re.compile(r"failed to bind arguments|argument mismatch", re.I)  # a call whose arguments do not bind
 FOLD_LOOP_CALL = "_df_loop_("  # how fold's generated composition calls the loop (a line of its source)
 _DECISION = re.compile(r"guard on data-dependent expression", re.I)
+_INFERENCE_VERSION = re.compile(r"version_counter for inference tensor")  # torch 2.11-2.13 under inference_mode
 
 
 _NOT_USER_CODE = (os.path.dirname(torch.__file__), sysconfig.get_paths()["stdlib"])
@@ -146,6 +147,14 @@ def from_exception(exc: BaseException, first_host_read: str = "") -> DraftCaptur
             where=skipped.group(1) if skipped else "",
             fix="call the draft outside what makes Dynamo skip it (a TorchDispatchMode it runs under, say): eager "
             "runs it there, a compiled draft cannot",
+        )
+    if _INFERENCE_VERSION.search(str(exc)):
+        return DraftCaptureError(
+            "torch cannot compile this draft under torch.inference_mode(): its compiler sets the version "
+            f"counter of an inference tensor ({first_line(str(exc), type(exc).__name__)}); plain torch.compile fails the same way",
+            where=_location(exc),
+            fix="use torch.no_grad() where the draft uses or is called under torch.inference_mode() (draft_loop "
+            "runs it without grad anyway)",
         )
     if type(exc).__name__ == "InductorError":
         return DraftCaptureError(
