@@ -153,6 +153,22 @@ def test_a_compile_that_fails_under_inference_mode_is_named_and_leaves_torch_wor
     assert torch.is_grad_enabled() and (torch.randn(2, requires_grad=True) * 2).grad_fn is not None
 
 
+def _mixed_dtypes(h, kv):
+    att = torch.bmm(h.unsqueeze(1), kv.transpose(1, 2))  # <- op error
+    return torch.softmax(att.squeeze(1), -1).topk(1, -1)
+
+
+def test_an_op_that_raises_when_traced_is_quoted():
+    """A float64 query against a float32 cache (a model made .double()): eager raises "expected scalar type
+    ...", the error said only "RuntimeError when making fake tensor call" (Dynamo's wrapper)."""
+    h, kv = torch.randn(2, 8, dtype=torch.float64), torch.zeros(2, 4, 8)
+    with pytest.raises(RuntimeError, match="expected scalar type"):
+        _mixed_dtypes(h, kv)
+    error = _raises(DraftCaptureError, draft_loop(_mixed_dtypes), h, kv)
+    assert error.where == _line("op error")
+    assert "RuntimeError: expected scalar type" in error.cause, error.cause  # fake tensors name the dtypes their way
+
+
 def _decides_on_a_read(hidden):
     n = hidden.argmax(-1)[0].item()  # <- read
     return hidden.argmax(-1) + (1 if n > 5 else 0)  # <- decision

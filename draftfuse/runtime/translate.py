@@ -163,8 +163,9 @@ def from_exception(exc: BaseException, first_host_read: str = "") -> DraftCaptur
             "the draft without the construct that triggers it, or with options that avoid it",
         )
     if isinstance(exc, torch._dynamo.exc.TorchRuntimeError):
+        op_error = _op_error(exc)  # the op's own error (a dtype mismatch), under Dynamo's "when making fake tensor call"
         return DraftCaptureError(
-            f"the draft raised an error while traced: {first_line(str(exc), type(exc).__name__)}",
+            f"the draft raised an error while traced: {op_error or first_line(str(exc), type(exc).__name__)}",
             where=_location(exc),
             fix="run the draft eagerly with the same arguments: if it raises there too, that is the error; if not, "
                 "the draft catches it (a try/except around a tensor op), which a traced draft cannot: check the "
@@ -177,6 +178,19 @@ def from_exception(exc: BaseException, first_host_read: str = "") -> DraftCaptur
             fix="keep it a tensor (index with the tensor itself: t[0, idx] with idx a tensor, or torch.gather)",
         )
     return None
+
+
+def _op_error(exc: BaseException) -> str:
+    """The first error in `exc`'s causes that is not one of Dynamo's ("RuntimeError: expected scalar type
+    Double but found Float"), or ""."""
+    seen = set()
+    exc = exc.__cause__ or exc.__context__
+    while exc is not None and id(exc) not in seen:
+        seen.add(id(exc))
+        if not type(exc).__module__.startswith("torch._dynamo"):
+            return f"{type(exc).__name__}: {first_line(str(exc), '')}".rstrip(": ")
+        exc = exc.__cause__ or exc.__context__
+    return ""
 
 
 def _raised(exc: BaseException | None) -> tuple[str, type | None]:
