@@ -169,6 +169,22 @@ def test_an_op_that_raises_when_traced_is_quoted():
     assert "RuntimeError: expected scalar type" in error.cause, error.cause  # fake tensors name the dtypes their way
 
 
+def _cache_write_missing_a_dim(k, h, pos):
+    k[:, pos] = h  # <- lowering error
+    return torch.softmax(k.sum(1), -1).topk(1, -1)
+
+
+def test_a_draft_error_inductor_meets_first_is_a_capture_error():
+    """HF's legacy cache write without its unsqueeze(1): eager raises "shape mismatch", Inductor's lowering
+    fails first. A raw InductorError came out (it is a BackendCompilerFailed whose inner error is the
+    lowering's, which the translation unwrapped into nothing it knew), saying nothing of the draft."""
+    args = (torch.zeros(2, 8, 8), torch.ones(2, 8), torch.tensor([1]))
+    with pytest.raises(RuntimeError, match="shape mismatch"):
+        _cache_write_missing_a_dim(*[a.clone() for a in args])
+    error = _raises(DraftCaptureError, draft_loop(_cache_write_missing_a_dim), *args)
+    assert error.where == _line("lowering error") and "Inductor" in error.cause and "eagerly" in error.fix
+
+
 def _decides_on_a_read(hidden):
     n = hidden.argmax(-1)[0].item()  # <- read
     return hidden.argmax(-1) + (1 if n > 5 else 0)  # <- decision

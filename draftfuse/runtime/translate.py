@@ -117,8 +117,8 @@ def from_exception(exc: BaseException, first_host_read: str = "") -> DraftCaptur
     """The DraftCaptureError that `exc` (raised by a draft's compile or call) stands for; None for an
     error that is torch's own (a bug to report) rather than the draft's. `first_host_read` is the
     file:line of the draft's first data-dependent value, where the caller found it."""
-    if isinstance(exc, torch._dynamo.exc.BackendCompilerFailed):
-        exc = exc.inner_exception  # the backend's own error, raised while compiling
+    if isinstance(exc, torch._dynamo.exc.BackendCompilerFailed) and not _is_inductor_error(exc):
+        exc = exc.inner_exception  # the backend's own error, raised while compiling (Inductor's is one too)
     if isinstance(exc, DraftCaptureError):
         return exc
     if isinstance(exc, torch._dynamo.exc.FailOnRecompileLimitHit):
@@ -156,11 +156,14 @@ def from_exception(exc: BaseException, first_host_read: str = "") -> DraftCaptur
             fix="use torch.no_grad() where the draft uses or is called under torch.inference_mode() (draft_loop "
             "runs it without grad anyway)",
         )
-    if type(exc).__name__ == "InductorError":
+    if _is_inductor_error(exc):
         return DraftCaptureError(
-            f"torch's compiler (Inductor) failed on this draft, a torch bug rather than the draft's: {first_line(str(exc), type(exc).__name__)}",
-            fix="report it to PyTorch with the draft (the cause below has torch's own error); meanwhile compile "
-            "the draft without the construct that triggers it, or with options that avoid it",
+            f"torch's compiler (Inductor) failed on this draft: {first_line(str(exc), type(exc).__name__)}",
+            where=_location(exc),
+            fix="run the draft eagerly with the same arguments: if it raises there too (a shape that does not "
+            "broadcast, say), that is the error, which Inductor met first; if not, it is a torch bug: report it to "
+            "PyTorch with the draft (the cause below has torch's own error), and meanwhile compile the draft without "
+            "the construct that triggers it, or with options that avoid it",
         )
     if isinstance(exc, torch._dynamo.exc.TorchRuntimeError):
         op_error = _op_error(exc)  # the op's own error (a dtype mismatch), under Dynamo's "when making fake tensor call"
@@ -178,6 +181,10 @@ def from_exception(exc: BaseException, first_host_read: str = "") -> DraftCaptur
             fix="keep it a tensor (index with the tensor itself: t[0, idx] with idx a tensor, or torch.gather)",
         )
     return None
+
+
+def _is_inductor_error(exc: BaseException) -> bool:
+    return type(exc).__name__ == "InductorError"  # torch._inductor.exc's; a BackendCompilerFailed on torch 2.13
 
 
 def _op_error(exc: BaseException) -> str:
