@@ -371,6 +371,16 @@ def test_recompile_past_the_limit_says_what_changed():
     assert torch.equal(draft(torch.ones(4), 1), torch.full((4,), 2.0))
 
 
+def test_recompile_names_a_switch_to_inference_tensors():
+    """A caller switching from no_grad to inference_mode passes inference tensors, and the draft recompiles
+    (Dynamo guards the tensors' dispatch keys): the error said "no argument changed as a whole"."""
+    draft = draft_loop(_steps, max_compiles=1)
+    draft(torch.randn(4), 1)
+    with torch.inference_mode(), pytest.raises(RecompileError) as info:
+        draft(torch.randn(4), 1)
+    assert "x: float32 of shape (4,) on cpu (an inference tensor), was float32 of shape (4,) on cpu" in info.value.cause
+
+
 def _over_caches(x, caches, meta):
     for cache in caches:
         x = x + cache.sum() * meta["scale"]

@@ -264,7 +264,9 @@ def describe_value(value: Any) -> str:
     """A short description of an argument, as a guard on it sees it."""
     if isinstance(value, torch.Tensor):
         layout = "" if value.is_contiguous() else f", strides {tuple(value.stride())}"
-        return f"{str(value.dtype).removeprefix('torch.')} of shape {tuple(value.shape)}{layout} on {value.device}"
+        # made under torch.inference_mode: no autograd dispatch keys, which Dynamo's guards hold
+        kind = " (an inference tensor)" if value.is_inference() else ""
+        return f"{str(value.dtype).removeprefix('torch.')} of shape {tuple(value.shape)}{layout} on {value.device}{kind}"
     text = repr(value)
     return text if len(text) <= 60 else f"{type(value).__name__} object"
 
