@@ -145,6 +145,27 @@ def test_a_penalty_added_in_place_after_the_temperature_read_refuses():
     assert report.rewrites == [] and "logits are written in place" in report.refusals[0].reason
 
 
+def test_an_in_place_temperature_refuses_and_says_how_to_write_it():
+    """vLLM's sampler: a float32 copy of the logits divided in place. The selection must not read the logits
+    (the softmax reads them divided), and the refusal said the logits were written "after the softmax began
+    reading them", though the write comes before it; it now names the out-of-place spelling, rewritten."""
+
+    def in_place(x, t):
+        x = x.to(torch.float32)
+        x.div_(t.unsqueeze(dim=1))
+        return x.softmax(dim=-1, dtype=torch.float32).max(dim=-1)
+
+    def out_of_place(x, t):
+        x = x.to(torch.float32)
+        x = x / t.unsqueeze(dim=1)
+        return x.softmax(dim=-1, dtype=torch.float32).max(dim=-1)
+
+    t = torch.tensor([0.5, 1.5, -2.0, 0.7])
+    report = run_both(in_place, X.bfloat16(), t)
+    assert report.rewrites == [] and "divide out of place (logits / t)" in report.refusals[0].reason, report
+    assert len(run_both(out_of_place, X.bfloat16(), t).rewrites) == 1
+
+
 @pytest.mark.parametrize("spelling", ["elu", "hardtanh", "silu"])
 def test_an_inplace_flag_passed_by_position_is_a_write(spelling):
     # Dynamo keeps F.elu(p, 1.0, True) as one call, which resolves by name to aten.elu (no write): the
