@@ -185,7 +185,9 @@ class DraftLoop(AsMethod):
                 try:
                     out = self._compiled(*args, **kwargs)
                 except BaseException as exc:
-                    _release_frames(exc)  # inside the guards: a guard torch left in a frame restores first
+                    # a mode guard torch left alive in a frame restores its stale state when freed: at once, here
+                    # (no state shows it until then), then the guards above put back the caller's
+                    _release_frames(exc)
                     raise
         except Exception as exc:
             self._forget_call()

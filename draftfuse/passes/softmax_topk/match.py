@@ -470,13 +470,13 @@ def _check_effects(effects: Effects, sel: Selection, softmax: Softmax, logits: N
     if written:
         first = min(written, key=effects.order.get)
         since = f"{first_read.name}, which the rewrite looks through," if first_read is not softmax.node else "the softmax"
-        scale = "; an in-place temperature is not looked through: divide out of place (logits / t)" if as_scale_in_place(first) else ""
+        scale = "; an in-place temperature is not looked through: divide out of place (logits / t)" if _scales_in_place(first) else ""
         raise Refuse(f"the logits are written in place by {_describe(first)} after {since} began reading them: the softmax "
                      f"reads values the rewrite would not{scale}")
 
 
-def as_scale_in_place(node: Node) -> bool:
-    """Whether `node` scales a tensor in place (x.div_(t), x.mul_(s), torch.div(x, t, out=x) aside)."""
+def _scales_in_place(node: Node) -> bool:
+    """Whether `node` is an in-place scale as Dynamo records one (x.div_(t), x.mul_(s))."""
     name = node.target if isinstance(node.target, str) else getattr(node.target, "__name__", "")
     return name in ("div_", "mul_", "true_divide_", "multiply_", "divide_")
 
