@@ -183,6 +183,34 @@ def test_golden_graphs_of_a_draft_whose_trace_restarts():
     assert torch.equal(graphs.outputs[1], draft(x, t)[1])
 
 
+@pytest.mark.parametrize("lowering", ["torch", "kernels"])
+def test_probs_ones_holds_at_every_batch_size(lowering):
+    """probs="ones" gave 1.0 at batch 1 and 2 but the exact probabilities from batch 3 on, where torch's
+    automatic dynamic shapes recompile with a symbolic batch: the constant needed a static shape at both
+    levels, where only ATen's full does. A decomposed softmax (post-grad level) keeps the exact values
+    there, as the report says; before, the kernels' path filled it from the shape as first traced."""
+
+    def greedy(x):
+        return torch.softmax(x, -1).topk(1, -1)
+
+    def decomposed(x):
+        e = (x - x.amax(-1, keepdim=True)).exp()
+        return (e / e.sum(-1, keepdim=True)).max(-1)
+
+    compiled = torch.compile(greedy, backend="draftfuse", options={"probs": "ones", "lowering": lowering})
+    for batch in (1, 3, 8, 2):
+        x = torch.randn(batch, 16)
+        values, index = compiled(x)
+        assert torch.equal(values, torch.ones(batch, 1)) and torch.equal(index, greedy(x)[1])
+    compiled = torch.compile(decomposed, backend="draftfuse", options={"probs": "ones", "lowering": lowering})
+    for batch in (1, 3, 8):
+        x = torch.randn(batch, 16)
+        values, index = compiled(x)
+        want = torch.ones(1) if batch == 1 else decomposed(x)[0]  # static at first: the constant
+        torch.testing.assert_close(values, want)
+        assert torch.equal(index, decomposed(x)[1])
+
+
 def test_generated_code_has_no_topk():
     x = torch.randn(8, 128)
     out, code = run_and_get_code(torch.compile(_pick, backend="draftfuse", fullgraph=True), x)
@@ -438,18 +466,25 @@ def test_a_one_value_temperature_that_adds_dims_is_not_a_kernel_scale():
 
 
 def test_probs_ones_under_dynamic_shapes_is_reported_as_emitted():
-    """probs="ones" needs static shapes at the ATen level: with dynamic shapes the exact values are
-    emitted, and the rewrite's report says so (it said 'probabilities 1' and computed them)."""
-    reports = []
+    """The report says what is emitted (it said 'probabilities 1' and computed them): under dynamic shapes
+    the constant at the Dynamo level (ones_like takes any shape), the exact values at the ATen level (full
+    needs a static shape)."""
 
     def draft(logits):
         return torch.softmax(logits, -1).max(-1)
 
-    backend_ = backend.Backend(Options.parse(None, {"probs": "ones"}))
-    values, _ = torch.compile(draft, backend=backend_, dynamic=True, fullgraph=True)(torch.randn(3, 7))
-    reports = [str(r) for c in backend_.compiles for r in c.reports]
-    assert not torch.equal(values, torch.ones(3))
-    assert any("probabilities from the exp-sum" in r for r in reports) and not any("(probs='ones')" in r for r in reports)
+    def decomposed(logits):
+        e = (logits - logits.amax(-1, keepdim=True)).exp()
+        return (e / e.sum(-1, keepdim=True)).max(-1)
+
+    for fn, constant in ((draft, True), (decomposed, False)):
+        torch._dynamo.reset()
+        backend_ = backend.Backend(Options.parse(None, {"probs": "ones"}))
+        values, _ = torch.compile(fn, backend=backend_, dynamic=True, fullgraph=True)(torch.randn(3, 7))
+        reports = [str(r) for c in backend_.compiles for r in c.reports]
+        assert torch.equal(values, torch.ones(3)) == constant
+        assert any("(probs='ones')" in r for r in reports) == constant, reports
+        assert any("probabilities from the exp-sum" in r for r in reports) != constant, reports
 
 
 @pytest.mark.parametrize("options", [{"fallback_random": "False"}, {"triton.cudagraphs": "False"}, {"spare_recordings": 2}])

@@ -63,6 +63,10 @@ class Emitter:
     def call(self, name: str, *args: Any) -> Node:
         raise NotImplementedError
 
+    def can_fill(self, like: Node) -> bool:
+        """Whether call("ones_like", like, ...) can be emitted: ones_like takes any shape."""
+        return True
+
     @staticmethod
     def dtype_of(node: Node) -> torch.dtype | None:
         value = fake_tensor(node)
@@ -119,10 +123,15 @@ class TorchEmitter(Emitter):
 class AtenEmitter(Emitter):
     """Post-grad graphs: ATen overloads with every argument given, as Inductor expects."""
 
+    def can_fill(self, like: Node) -> bool:
+        """ATen's full takes a static shape only (symbolic sizes would need sym_size nodes)."""
+        value = fake_tensor(like)
+        return value is not None and all(isinstance(size, int) for size in value.shape)
+
     def _full(self, like: Node, value: float, dtype: torch.dtype) -> Node:
         # post-grad graphs are decomposed: full_like is gone, full is what Inductor lowers
         fake = fake_tensor(like)
-        shape = [int(size) for size in fake.shape]  # callers check the shape is static first
+        shape = [int(size) for size in fake.shape]  # callers check can_fill first
         kwargs = {"dtype": dtype, "layout": torch.strided, "device": fake.device, "pin_memory": False}
         return self._node("call_function", aten.full.default, (shape, value), kwargs)
 

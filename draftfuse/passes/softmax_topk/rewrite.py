@@ -38,15 +38,11 @@ LOWERINGS = ("torch", "kernels", "auto")
 HALF_PROBS = ("rewrite", "keep")
 
 
-def _has_static_shape(node: Node) -> bool:
-    value = fake_tensor(node)
-    return value is not None and all(isinstance(size, int) for size in value.shape)
-
-
-def _ones(m: Match, index_keepdim: Node, probs: str) -> bool:
-    """Whether the k = 1 values are the constant probs="ones" asks for: with static shapes (ATen's full
-    needs them) and where no gradient flows through them (else the exact values, as the report says)."""
-    return m.k == 1 and probs == "ones" and _has_static_shape(index_keepdim) and not m.needs_grad
+def _ones(m: Match, emit: Emitter, like: Node, probs: str) -> bool:
+    """Whether the k = 1 values are the constant probs="ones" asks for: where the level can make a constant
+    of `like`'s shape (a Dynamo graph's ones_like any; ATen's full a static one) and no gradient flows
+    through them (else the exact values, as the report says)."""
+    return m.k == 1 and probs == "ones" and not m.needs_grad and emit.can_fill(like)
 
 
 def _replay_casts(m: Match, emit: Emitter, value: Node) -> Node:
@@ -154,7 +150,7 @@ def _select_with_kernel(m: Match, emit: Emitter, wants_values: bool, probs: str)
         if not wants_values:
             return index, None
         prob = emit.call("getitem", out, 0)
-    if m.k == 1 and probs == "ones":
+    if _ones(m, emit, index, probs):
         prob = emit.call("zeros_like" if m.log else "ones_like", index, torch.float32)
     return index, _replay_casts(m, emit, prob)
 
@@ -180,7 +176,7 @@ def _emit(m: Match, parts: SoftmaxParts, wants_values: bool, probs: str, lowerin
         if gathered:
             value = _gathered(m, emit, index, m.k > 1 or sel.keepdim)
         op = "draftfuse.argmax_prob" if m.k == 1 else "draftfuse.topk_prob"
-        return index, value, f"{prefix}softmax+{sel.kind}(k={m.k}) -> {op}", why_not, m.k == 1 and probs == "ones"
+        return index, value, f"{prefix}softmax+{sel.kind}(k={m.k}) -> {op}", why_not, _ones(m, emit, index, probs)
     # Under a tensor temperature the order is that of x * sign(s), s the kernels' scale (1 / t for x / t): x's,
     # -x's, or all tied (s = 0: t = +-inf, where x / t is +-0 everywhere, as eager's uniform row has it); integer
     # logits in float64 first (exact up to 2**53), where -x would wrap (uint8, or int8's -128)
@@ -205,7 +201,7 @@ def _emit(m: Match, parts: SoftmaxParts, wants_values: bool, probs: str, lowerin
         topk = emit.call("topk", logits, m.k, m.dim, True, True)
         index = index_keepdim = emit.call("getitem", topk, 1)
         rule = f"{prefix}softmax+topk(k={m.k}) -> topk(logits)"
-    ones = wants_values and _ones(m, index_keepdim, probs)
+    ones = wants_values and _ones(m, emit, index_keepdim, probs)
     value = _values(m, parts, index_keepdim, ones, dim_kept) if wants_values else None
     return index, value, rule, why_not, ones
 
@@ -276,7 +272,7 @@ def rewrite_graph(graph: torch.fx.Graph, *, probs: str = "exact", lowering: str 
     if level == "aten":
         graph.eliminate_dead_code()  # post-grad graphs are functional: safe here, and only here
     if probs == "ones":
-        report.notes.append('probs="ones": k = 1 values are the constant 1 (0 for log_softmax) where shapes are static and no gradient flows through them; each rewrite says which it emitted')
+        report.notes.append('probs="ones": k = 1 values are the constant 1 (0 for log_softmax) where no gradient flows through them (after decomposition, with static shapes only); each rewrite says which it emitted')
     if any(" probabilities: a rounding tie" in r.detail for r in report.rewrites):
         report.notes.append('selections that read fp16/bf16 probabilities were rewritten; half_probs="keep" leaves them')
     return report
