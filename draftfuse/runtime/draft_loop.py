@@ -61,7 +61,7 @@ from draftfuse.graph.values import user_frame
 from draftfuse.options import Options
 from draftfuse.runtime import checks
 from draftfuse.runtime.binding import binder, sync_defaults
-from draftfuse.runtime.errors import DraftCaptureError, RecompileError
+from draftfuse.runtime.errors import DraftCaptureError, RecompileError, causes
 from draftfuse.runtime.methods import AsMethod
 from draftfuse.runtime.pipeline import CompileRecord, lower, prepare
 from draftfuse.runtime.recorder import GraphRecorder, log
@@ -348,11 +348,8 @@ def _release_frames(exc: BaseException) -> None:
     inference_mode can leave torch's own mode guards alive in those frames (torch 2.11-2.13); freed when the
     error is, later, they would set this thread's dispatch keys and grad mode back to what they were inside
     the compile. Cleared here, they do so at once, and the guards around the call then restore the caller's."""
-    seen: set[int] = set()
-    while exc is not None and id(exc) not in seen:
-        seen.add(id(exc))
-        traceback.clear_frames(exc.__traceback__)
-        exc = exc.__cause__ or exc.__context__
+    for each in causes(exc):
+        traceback.clear_frames(each.__traceback__)
 
 
 def _no_draft() -> None:

@@ -7,6 +7,8 @@ graphs or recompile repeatedly raises one of these instead.
 
 from __future__ import annotations
 
+from collections.abc import Callable, Iterator
+
 
 class DraftCaptureError(RuntimeError):
     """A draft could not be captured as one region (one Dynamo graph, one CUDA graph replay)."""
@@ -42,3 +44,16 @@ class RecompileError(DraftCaptureError):
 def first_line(text: str, default: str) -> str:
     """The first non-blank line of an error's text (`default` if it has none)."""
     return next((line.strip() for line in text.splitlines() if line.strip()), default)
+
+
+def _cause_or_context(exc: BaseException) -> BaseException | None:
+    return exc.__cause__ or exc.__context__
+
+
+def causes(exc: BaseException | None, follow: Callable[[BaseException], BaseException | None] = _cause_or_context) -> Iterator[BaseException]:
+    """`exc`, then what `follow` leads to from each (its cause, else its context), each once."""
+    seen: set[int] = set()
+    while exc is not None and id(exc) not in seen:
+        seen.add(id(exc))
+        yield exc
+        exc = follow(exc)

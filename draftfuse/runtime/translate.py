@@ -19,7 +19,7 @@ import torch
 from torch.fx.experimental.symbolic_shapes import GuardOnDataDependentSymNode
 
 from draftfuse.runtime.checks import DATA_DEPENDENT_FIX, HOST_SYNC_FIX
-from draftfuse.runtime.errors import CudagraphSkipError, DraftCaptureError, GraphBreakError, HostSyncError, RecompileError, first_line
+from draftfuse.runtime.errors import CudagraphSkipError, DraftCaptureError, GraphBreakError, HostSyncError, RecompileError, causes, first_line
 
 SKIP_MESSAGE = "skipping cudagraphs due to"
 NO_FRAMES_MESSAGE = "found no compiled frames"
@@ -190,30 +190,21 @@ def _is_inductor_error(exc: BaseException) -> bool:
 def _op_error(exc: BaseException) -> str:
     """The first error in `exc`'s causes that is not one of Dynamo's ("RuntimeError: expected scalar type
     Double but found Float"), or ""."""
-    seen = set()
-    exc = exc.__cause__ or exc.__context__
-    while exc is not None and id(exc) not in seen:
-        seen.add(id(exc))
-        if not type(exc).__module__.startswith("torch._dynamo"):
-            return f"{type(exc).__name__}: {first_line(str(exc), '')}".rstrip(": ")
-        exc = exc.__cause__ or exc.__context__
-    return ""
+    found = next((e for e in causes(exc) if e is not exc and not type(e).__module__.startswith("torch._dynamo")), None)
+    return f"{type(found).__name__}: {first_line(str(found), '')}".rstrip(": ") if found is not None else ""
 
 
 def _raised(exc: BaseException | None) -> tuple[str, type | None]:
     """The exception the traced draft raised, as Dynamo shows it (MyError('steps must be >= 1, got 0'), or
     its type's name) and its class; ("", None) if none."""
-    seen = set()
-    while exc is not None and id(exc) not in seen:
-        seen.add(id(exc))
-        if isinstance(exc, torch._dynamo.exc.ObservedException):
-            kind = next((kind for kind, observed in torch._dynamo.exc.observed_exception_map.items() if observed is type(exc)), None)
-            text = str(exc.args[0]) if exc.args else ""
-            if re.match(r"raised exception \w+\(", text) and "Variable(" not in text:
-                return text.removeprefix("raised exception "), kind
-            return (kind.__name__ if kind else ""), kind
-        exc = exc.__cause__
-    return "", None
+    observed = next((e for e in causes(exc, lambda e: e.__cause__) if isinstance(e, torch._dynamo.exc.ObservedException)), None)
+    if observed is None:
+        return "", None
+    kind = next((kind for kind, as_observed in torch._dynamo.exc.observed_exception_map.items() if as_observed is type(observed)), None)
+    text = str(observed.args[0]) if observed.args else ""
+    if re.match(r"raised exception \w+\(", text) and "Variable(" not in text:
+        return text.removeprefix("raised exception "), kind
+    return (kind.__name__ if kind else ""), kind
 
 
 _RAISED_KINDS: dict[type, type] = {}
@@ -247,13 +238,10 @@ def _raised_error(kind: type, cause: str, where: str, fix: str) -> GraphBreakErr
 
 def is_data_dependent(exc: BaseException) -> bool:
     """Whether `exc` (or what it wraps) is a failure to read a data-dependent value at trace time."""
-    seen = set()
-    while exc is not None and id(exc) not in seen:
-        seen.add(id(exc))
-        if isinstance(exc, GuardOnDataDependentSymNode) or type(exc).__name__ in ("DataDependentOutputException", "DynamicOutputShapeException"):
+    for e in causes(exc, lambda e: getattr(e, "inner_exception", None) or e.__cause__):
+        if isinstance(e, GuardOnDataDependentSymNode) or type(e).__name__ in ("DataDependentOutputException", "DynamicOutputShapeException"):
             return True
-        if isinstance(exc, torch._dynamo.exc.UserError) and _DECISION.search(str(exc)):
+        if isinstance(e, torch._dynamo.exc.UserError) and _DECISION.search(str(e)):
             return True
-        exc = getattr(exc, "inner_exception", None) or exc.__cause__
     return False
 

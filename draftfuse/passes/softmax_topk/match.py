@@ -475,13 +475,15 @@ def _check_effects(effects: Effects, sel: Selection, softmax: Softmax, logits: N
                      f"reads values the rewrite would not{scale}")
 
 
+def _target_name(node: Node) -> str:
+    return node.target if isinstance(node.target, str) else getattr(node.target, "__name__", str(node.target))
+
+
 def _scales_in_place(node: Node) -> bool:
     """Whether `node` is an in-place scale as Dynamo records one (x.div_(t), x.mul_(s))."""
-    name = node.target if isinstance(node.target, str) else getattr(node.target, "__name__", "")
-    return name in ("div_", "mul_", "true_divide_", "multiply_", "divide_")
+    return _target_name(node) in ("div_", "mul_", "true_divide_", "multiply_", "divide_")
 
 
 def _describe(node: Node) -> str:
     where = user_location(node)
-    name = node.target if isinstance(node.target, str) else getattr(node.target, "__name__", str(node.target))
-    return f"{node.name} ({name})" + (f" at {where}" if where else "")
+    return f"{node.name} ({_target_name(node)})" + (f" at {where}" if where else "")
