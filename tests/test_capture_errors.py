@@ -517,6 +517,22 @@ def test_a_method_draft_on_a_worker_with_slots():
     assert worker.fast is worker.fast  # one compiled draft per instance, held without a weak reference
 
 
+def test_a_draft_refused_under_a_dispatch_mode_leaves_dynamos_settings():
+    """torch.compile(dynamic=False) patches automatic_dynamic_shapes off for the call and, when Dynamo skips the
+    frame under a TorchDispatchMode, leaves it off (plain torch.compile too): every later compile in the
+    process specialised each new batch size (a probs="ones" test two files later saw it)."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    class Passthrough(TorchDispatchMode):
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            return func(*args, **(kwargs or {}))
+
+    before = (torch._dynamo.config.automatic_dynamic_shapes, torch._dynamo.config.assume_static_by_default)
+    with Passthrough(), pytest.raises(DraftCaptureError):
+        draft_loop(lambda hidden: torch.softmax(hidden, -1).argmax(-1))(torch.randn(2, 8))
+    assert (torch._dynamo.config.automatic_dynamic_shapes, torch._dynamo.config.assume_static_by_default) == before
+
+
 def test_a_draft_under_a_dispatch_mode_is_a_draft_capture_error():
     """Dynamo skips a frame run under a user TorchDispatchMode whole; fullgraph then raises torch's "found
     no compiled frames": a DraftCaptureError naming the draft's line and the reason."""

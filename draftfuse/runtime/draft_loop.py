@@ -182,12 +182,14 @@ class DraftLoop(AsMethod):
             # torch 2.11-2.13 can fail a compile under inference_mode leaving its dispatch keys set (every
             # later op then fails an internal assert): the keys this thread had are put back, whatever happens
             with span, raised, torch._C._PreserveDispatchKeyGuard(), torch.no_grad():
+                shapes = _shape_settings()
                 try:
                     out = self._compiled(*args, **kwargs)
                 except BaseException as exc:
                     # a mode guard torch left alive in a frame restores its stale state when freed: at once, here
                     # (no state shows it until then), then the guards above put back the caller's
                     _release_frames(exc)
+                    _shape_settings(shapes)
                     raise
         except Exception as exc:
             self._forget_call()
@@ -341,6 +343,19 @@ class DraftLoop(AsMethod):
         except (TypeError, ValueError):
             return {}
         return checks.describe_arguments(bound.arguments)
+
+
+_SHAPE_SETTINGS = ("automatic_dynamic_shapes", "assume_static_by_default")
+
+
+def _shape_settings(values: tuple[bool, ...] | None = None) -> tuple[bool, ...]:
+    """Dynamo's two settings that torch.compile(dynamic=...) patches for the call (read; with `values`, set
+    back). torch 2.13 leaves its patch in place when Dynamo skips the draft's frame (under a
+    TorchDispatchMode): every later compile in the process then had automatic dynamic shapes off."""
+    if values is not None:
+        for name, value in zip(_SHAPE_SETTINGS, values):
+            setattr(torch._dynamo.config, name, value)
+    return tuple(getattr(torch._dynamo.config, name) for name in _SHAPE_SETTINGS)
 
 
 def _release_frames(exc: BaseException) -> None:
