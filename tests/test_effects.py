@@ -1,8 +1,9 @@
-"""The effects model (draftfuse.graph.effects) and the writes it makes the softmax -> topk rewrite refuse.
+"""The effects model (draftfuse.graph.effects) and what the writes it finds do to the softmax -> topk rewrite.
 
 Public samplers write the probabilities between the softmax and the selection (Gumbel division in
 place, bans, reweighting) and penalties write the logits (`x += penalty`): the rewrite must see each
-such write, through any view, and still rewrite when the write goes to a copy. Each case runs the
+such write, through any view: one to the probabilities refuses the rewrite, one to the logits makes the
+selection read the values the softmax reads, not the logits before them. Each case runs the
 rewritten graph against eager on the same inputs: selected tokens equal, inputs' final contents equal.
 """
 
@@ -134,21 +135,28 @@ def test_a_write_to_a_clone_of_the_probabilities_does_not_block_it():
 # ---- writes to the logits ----
 
 
-def test_a_penalty_added_in_place_after_the_temperature_read_refuses():
-    # Dynamo records `x += penalty` as operator.iadd: a write like any other
+def _reads_as_written(report, write: str) -> None:
+    """One rewrite, which says it selects from the value the softmax reads because of `write`."""
+    assert len(report.rewrites) == 1 and report.refusals == [], str(report)
+    assert "as the softmax reads it" in report.rewrites[0].detail and write in report.rewrites[0].detail, str(report)
+
+
+def test_a_penalty_added_in_place_after_the_temperature_read_selects_from_the_scaled_values():
+    # Dynamo records `x += penalty` as operator.iadd: a write like any other. It was refused; the
+    # selection now reads `scaled` (what the softmax reads), not x, which the write changed
     def f(x, q):
         scaled = x / 0.7
         x += q
         return torch.softmax(scaled, -1).argmax(-1)
 
-    report = run_both(f, X, Q)
-    assert report.rewrites == [] and "logits are written in place" in report.refusals[0].reason
+    assert not torch.equal((X + Q).argmax(-1), X.argmax(-1)), "reading x as written must pick other tokens"
+    _reads_as_written(run_both(f, X, Q), "iadd")
 
 
-def test_an_in_place_temperature_refuses_and_says_how_to_write_it():
-    """vLLM's sampler: a float32 copy of the logits divided in place. The selection must not read the logits
-    (the softmax reads them divided), and the refusal said the logits were written "after the softmax began
-    reading them", though the write comes before it; it now names the out-of-place spelling, rewritten."""
+def test_an_in_place_temperature_is_rewritten_from_the_divided_copy():
+    """vLLM's sampler: a float32 copy of the logits divided in place. The selection must not read the
+    logits (the softmax reads them divided, and t's signs differ): it reads the divided copy. It was
+    refused before; the out-of-place spelling keeps the temperature operand on the bf16 logits."""
 
     def in_place(x, t):
         x = x.to(torch.float32)
@@ -161,9 +169,21 @@ def test_an_in_place_temperature_refuses_and_says_how_to_write_it():
         return x.softmax(dim=-1, dtype=torch.float32).max(dim=-1)
 
     t = torch.tensor([0.5, 1.5, -2.0, 0.7])
-    report = run_both(in_place, X.bfloat16(), t)
-    assert report.rewrites == [] and "divide out of place (logits / t)" in report.refusals[0].reason, report
-    assert len(run_both(out_of_place, X.bfloat16(), t).rewrites) == 1
+    assert not torch.equal((X.bfloat16().float() / t[:, None]).argmax(-1), X.bfloat16().argmax(-1))
+    _reads_as_written(run_both(in_place, X.bfloat16(), t), "div_")
+    report = run_both(out_of_place, X.bfloat16(), t)
+    assert len(report.rewrites) == 1 and "temperature tensor" in report.rewrites[0].detail, str(report)
+
+
+def test_a_mask_written_in_place_on_a_float_copy_is_selected_from():
+    # a ban written on the float32 copy (masked_fill_), then the softmax: the selection reads the copy
+    def f(x, banned):
+        x = x.float()
+        x[:, banned] = float("-inf")
+        return torch.softmax(x, -1).topk(2, -1)
+
+    assert not torch.equal(X.topk(2, -1).indices, X.index_fill(1, BANNED, float("-inf")).topk(2, -1).indices)
+    _reads_as_written(run_both(f, X.bfloat16(), BANNED), "setitem")
 
 
 @pytest.mark.parametrize("spelling", ["elu", "hardtanh", "silu"])
@@ -185,14 +205,13 @@ def test_an_inplace_flag_passed_by_position_is_a_write(spelling):
     assert report.rewrites == [] and report.refusals, str(report)
 
 
-def test_an_inplace_flag_by_position_on_the_logits_before_the_softmax_reads_refuses():
+def test_an_inplace_flag_by_position_on_the_logits_before_the_softmax_reads_is_a_write():
     def f(t, x):  # (Dynamo's inputs come in the order of first use: t's slice, then x)
         scaled = x / t[:, :1]
         torch.nn.functional.relu(x, True)
         return torch.softmax(scaled, -1).argmax(-1)
 
-    report = run_both(f, Q, X)
-    assert report.rewrites == [], str(report)
+    _reads_as_written(run_both(f, Q, X), "relu")
 
 
 def test_a_write_to_the_logits_after_the_softmax_does_not_matter():
@@ -226,14 +245,13 @@ def test_a_topk_over_another_dim_of_logits_written_later_is_exact_through_induct
         assert len(report.rewrites) == 1, str(report)
 
 
-def test_logits_written_through_an_out_argument_refuse():
+def test_logits_written_through_an_out_argument_are_a_write():
     def f(x, q):
         scaled = x * 2.0
         torch.add(x, q, out=x)
         return torch.softmax(scaled, -1).argmax(-1)
 
-    report = run_both(f, X, Q)
-    assert report.rewrites == [] and "add" in report.refusals[0].reason
+    _reads_as_written(run_both(f, X, Q), "add")
 
 
 # ---- the model itself ----

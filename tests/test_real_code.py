@@ -221,6 +221,20 @@ def test_vllm_temperature_tensor_then_topk_equal_eager():
     assert any(report.rewrites or report.refusals for report in reports), "the selection went unreported"
 
 
+def test_vllm_in_place_temperature_on_an_upcast_copy_is_rewritten_and_equals_eager():
+    # `logits = logits.to(float32); logits.div_(t.unsqueeze(1))` on bf16 logits, temperatures of both
+    # signs: refused before (the walk looked through the cast to the bf16 logits, which the division
+    # does not change); now the selection reads the divided copy, as the softmax does
+    logits, temperature, _ = vllm_sampling.make_inputs()
+    logits = logits.bfloat16()
+    want, got, draft = _compile_and_compare(vllm_sampling.temperature_in_place_topk, logits, temperature)
+    assert not torch.equal(want.indices, logits.float().topk(4, dim=-1).indices), "the temperatures must change tokens"
+    assert torch.equal(got.indices, want.indices)
+    torch.testing.assert_close(got.values, want.values, rtol=1e-5, atol=1e-7)
+    (rewrite,) = _rewrites(draft)
+    assert "as the softmax reads it: div_" in rewrite.detail, rewrite
+
+
 def test_vllm_exponential_division_in_place_chained_equals_eager():
     # vllm v1/sample/ops/topk_topp_sampler.py random_sample: probs.div_(q).argmax(dim=-1).view(-1)
     logits, _, q = vllm_sampling.make_inputs()

@@ -56,3 +56,27 @@ def test_a_draft_with_grad_enabled_selects_with_torch_ops_and_keeps_gradients():
     head.zero_grad()
     want_values.sum().backward()
     torch.testing.assert_close(got, head.weight.grad, rtol=1e-4, atol=1e-6)
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("k", [1, 4])
+def test_an_in_place_temperature_selects_with_the_kernels_from_the_divided_copy(k):
+    """vLLM's sampler divides a float32 copy of the logits in place by per-request temperatures of any
+    sign; the selection reads that copy (the kernels on it), with eager's tokens."""
+
+    def sample(logits, temperature):
+        x = logits.to(torch.float32)
+        x.div_(temperature.unsqueeze(dim=1))
+        return x.softmax(dim=-1, dtype=torch.float32).topk(k, dim=-1)
+
+    torch.manual_seed(0)
+    logits = torch.randn(16, 32000, device="cuda", dtype=torch.bfloat16) * 4
+    temperature = torch.tensor([0.5, -1.5, 2.0, 0.7] * 4, device="cuda")
+    torch._dynamo.reset()
+    (values, index), (code,) = run_and_get_code(torch.compile(sample, backend="draftfuse", fullgraph=True), logits, temperature)
+    assert "draftfuse.topk_prob" in code or "draftfuse.argmax_prob" in code
+    want_values, want_index = sample(logits, temperature)
+    assert not torch.equal(want_index, logits.float().topk(k, dim=-1).indices), "the temperatures must change tokens"
+    probs = torch.softmax(logits.float() / temperature[:, None], dim=-1)
+    assert_same_selection(probs, 1, want_index, index, keepdim=True)
+    torch.testing.assert_close(values, want_values, rtol=1e-5, atol=1e-7)

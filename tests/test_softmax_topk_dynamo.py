@@ -371,6 +371,70 @@ class GraphModule(torch.nn.Module):
         self.assertIn('probs="ones"', str(report))
 
 
+    # ---- the walk back from the softmax stops where it cannot look through: the selection reads that
+    # value as the softmax does (each was refused before)
+
+    def test_logits_written_in_place_before_softmax_select_from_the_scaled_copy(self):
+        def f(x):
+            y = x / 0.5
+            x.add_(1)
+            return torch.softmax(y, -1).argmax(-1)
+
+        _, after, report = self.rewrite(f, X.clone())  # the golden shows it reads y, not x
+        self.assertIn("add_ (add_)", report.rewrites[0].detail)
+        self.assertExpectedInline(after, """\
+class GraphModule(torch.nn.Module):
+    def forward(self, L_x_: "f32[4, 32]"):
+        l_x_ = L_x_
+
+        y: "f32[4, 32]" = l_x_ / 0.5
+
+        add_: "f32[4, 32]" = l_x_.add_(1);  l_x_ = add_ = None
+
+        argmax_1: "i64[4]" = torch.argmax(y, dim = 1, keepdim = False);  y = None
+        return (argmax_1,)
+""")
+
+    def test_negative_temperature_selects_from_the_scaled_logits(self):
+        def f(x):
+            return torch.softmax(x / -0.5, -1).topk(1)
+
+        _, after, report = self.rewrite(f, X)
+        self.assertEqual(len(report.rewrites), 1)
+        self.assertExpectedInline(after, """\
+class GraphModule(torch.nn.Module):
+    def forward(self, L_x_: "f32[4, 32]"):
+        l_x_ = L_x_
+
+        truediv: "f32[4, 32]" = l_x_ / -0.5;  l_x_ = None
+        argmax: "i64[4, 1]" = torch.argmax(truediv, dim = 1, keepdim = True)
+        amax: "f32[4, 1]" = torch.amax(truediv, dim = 1, keepdim = True)
+        sub: "f32[4, 32]" = torch.sub(truediv, amax);  truediv = amax = None
+        exp: "f32[4, 32]" = torch.exp(sub);  sub = None
+        sum_1: "f32[4, 1]" = torch.sum(exp, dim = 1, keepdim = True);  exp = None
+        reciprocal: "f32[4, 1]" = torch.reciprocal(sum_1);  sum_1 = None
+        return (reciprocal, argmax)
+""")
+
+    def test_temperature_that_reweighs_entries_of_a_row_selects_from_the_reweighed_logits(self):
+        # one factor per vocabulary entry is no temperature: the selection reads x / t, not x
+        def f(x, t):
+            return torch.softmax(x / t, -1).argmax(-1)
+
+        _, after, report = self.rewrite(f, X, torch.rand(32) + 0.5)
+        self.assertEqual(len(report.rewrites), 1)
+        self.assertExpectedInline(after, """\
+class GraphModule(torch.nn.Module):
+    def forward(self, L_x_: "f32[4, 32]", L_t_: "f32[32]"):
+        l_x_ = L_x_
+        l_t_ = L_t_
+
+        truediv: "f32[4, 32]" = l_x_ / l_t_;  l_x_ = l_t_ = None
+        argmax_1: "i64[4]" = torch.argmax(truediv, dim = 1, keepdim = False);  truediv = None
+        return (argmax_1,)
+""")
+
+
 class DynamoRefusals(TestCase):
     def refuse(self, fn, *args, reason: str):
         gm = dynamo_graph(fn, *args)
@@ -416,40 +480,6 @@ class GraphModule(torch.nn.Module):
         return (getitem, getitem_1)
 """)
 
-    def test_negative_temperature(self):
-        def f(x):
-            return torch.softmax(x / -0.5, -1).topk(1)
-
-        self.assertExpectedInline(self.refuse(f, X, reason="not positive"), """\
-class GraphModule(torch.nn.Module):
-    def forward(self, L_x_: "f32[4, 32]"):
-        l_x_ = L_x_
-
-        truediv: "f32[4, 32]" = l_x_ / -0.5;  l_x_ = None
-        softmax: "f32[4, 32]" = torch.softmax(truediv, -1);  truediv = None
-        topk = softmax.topk(1);  softmax = None
-        getitem: "f32[4, 1]" = topk[0]
-        getitem_1: "i64[4, 1]" = topk[1];  topk = None
-        return (getitem, getitem_1)
-""")
-
-    def test_temperature_that_reweighs_entries_of_a_row(self):
-        # one factor per vocabulary entry is no temperature: it can reorder a row
-        def f(x, t):
-            return torch.softmax(x / t, -1).argmax(-1)
-
-        self.assertExpectedInline(self.refuse(f, X, torch.rand(32) + 0.5, reason="varies along the softmax dim"), """\
-class GraphModule(torch.nn.Module):
-    def forward(self, L_x_: "f32[4, 32]", L_t_: "f32[32]"):
-        l_x_ = L_x_
-        l_t_ = L_t_
-
-        truediv: "f32[4, 32]" = l_x_ / l_t_;  l_x_ = l_t_ = None
-        softmax: "f32[4, 32]" = torch.softmax(truediv, -1);  truediv = None
-        argmax: "i64[4]" = softmax.argmax(-1);  softmax = None
-        return (argmax,)
-""")
-
     def test_unsorted_topk(self):
         def f(x):
             return torch.softmax(x, -1).topk(3, sorted=False)
@@ -482,27 +512,6 @@ class GraphModule(torch.nn.Module):
         getitem_1: "i64[4, 1]" = topk[1];  topk = None
         return (getitem, getitem_1)
 """)
-
-    def test_logits_written_in_place_before_softmax(self):
-        def f(x):
-            y = x / 0.5
-            x.add_(1)
-            return torch.softmax(y, -1).argmax(-1)
-
-        self.assertExpectedInline(self.refuse(f, X.clone(), reason="logits are written in place"), """\
-class GraphModule(torch.nn.Module):
-    def forward(self, L_x_: "f32[4, 32]"):
-        l_x_ = L_x_
-
-        y: "f32[4, 32]" = l_x_ / 0.5
-
-        add_: "f32[4, 32]" = l_x_.add_(1);  l_x_ = add_ = None
-
-        softmax: "f32[4, 32]" = torch.softmax(y, -1);  y = None
-        argmax: "i64[4]" = softmax.argmax(-1);  softmax = None
-        return (argmax,)
-""")
-
 
     def test_smallest_selections_are_refused(self):
         # the smallest probabilities underflow to 0: the original returns the first zero, argmin of the

@@ -43,6 +43,15 @@ def temperature_sample(logits, temperature, q):
     return torch.where(is_greedy, greedy_token_ids, next_token_ids), probs
 
 
+def temperature_in_place_topk(logits_bf16, temperature, k: int = 4):
+    """The sampler's in-place division as vLLM writes it for bf16 logits: an upcast copy (`.to(float32)`,
+    a cast the rewrite could otherwise look through) divided in place, then softmax -> topk."""
+    logits = logits_bf16.to(torch.float32)
+    logits.div_(temperature.unsqueeze(dim=1))
+    probs = logits.softmax(dim=-1, dtype=torch.float32)
+    return probs.topk(k, dim=-1)
+
+
 def temperature_topk(logits, temperature, k: int = 4):
     """Per-request temperature as an out-of-place tensor division, then softmax -> topk."""
     temperature = torch.where(temperature == -1, 1.0, temperature)

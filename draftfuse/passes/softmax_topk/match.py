@@ -9,14 +9,19 @@ recogniser for the softmax itself:
     Inductor's temperature form where(all_finite(s'), (s - amax(s)) / t, s' - amax(s')) with s' = s / t
     (the mask and both branches' scales checked).
 
+What the selection reads: the rewrite selects right after the softmax, from the softmax's input looked
+through back to the logits (peel_scaled_logits) by exact upcasts, positive constant scales and one
+tensor temperature constant along the dim (the order is then that of x * sign(1 / t)). The walk stops,
+and the selection reads the value there as computed (exact, only more bytes), at anything else: a
+downcast, a negative factor, a second tensor, and a value that it or its source is written in place from
+there to the softmax (`x = x.float(); x.div_(t)`: the softmax reads x divided, so the selection does too;
+draftfuse.graph.effects says what may write it, through any view). Later writes to the logits do not
+matter.
+
 Legality, besides the shapes (selection dim = softmax dim, 1 <= k <= size, a known constant k):
-  * between the logits and the softmax only exact upcasts and positive constant scales (temperature):
-    a tensor or negative factor could reorder the logits;
   * between the softmax and the selection only float casts (the rewritten values replay them);
-  * effects (draftfuse.graph.effects): nothing writes the probabilities (or any view of them) between
-    the softmax and the selection, and nothing writes the logits or the values between them and the
-    softmax after the softmax's chain first read them. The rewrite selects right after the softmax, so
-    later writes to the logits do not matter; a write to a clone does not count;
+  * effects: nothing writes the probabilities (or any view of them) between the softmax and the
+    selection, nor a temperature tensor between its read and the softmax;
   * nothing changes torch's global state (grad mode, autocast: `with torch.no_grad()` around the topk)
     from the first op looked through to the selection: the rewrite computes the values where the softmax
     is, under its grad mode and dtype policy, which must be the selection's;
@@ -32,6 +37,7 @@ from __future__ import annotations
 
 import dataclasses
 import operator
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -166,6 +172,7 @@ class Match:
     peeled: list[Node]  # the casts and temperatures looked through from the softmax back to the logits
     factor: float = 1.0  # the constant temperature factors, multiplied
     tensor_scale: TensorScale | None = None  # a temperature tensor (the selection follows its sign)
+    written_by: Node | None = None  # the first in-place write to the logits or their inputs before the softmax
 
     @property
     def log(self) -> bool:
@@ -206,56 +213,54 @@ class TensorScale:
 
 def peel_logits(scores: Node) -> tuple[Node, list[Node], float]:
     """From the softmax input back to the logits through exact upcasts and positive constant scales:
-    (logits, the nodes peeled, the product of the factors). A tensor temperature is refused."""
+    (logits, the nodes peeled, the product of the factors). It stops at a tensor temperature."""
     logits, peeled, factor, _ = peel_scaled_logits(scores, None)
     return logits, peeled, factor
 
 
-def peel_scaled_logits(scores: Node, dim: int | None) -> tuple[Node, list[Node], float, TensorScale | None]:
+def peel_scaled_logits(
+    scores: Node, dim: int | None, may_peel: Callable[[Node, Node], bool] | None = None
+) -> tuple[Node, list[Node], float, TensorScale | None]:
     """peel_logits, looking also through one tensor temperature (`x / t`, `x * s`) when `dim` (the
-    softmax dim) is given and t is constant along it: the selection then follows the sign of t."""
+    softmax dim) is given and t is constant along it: the selection then follows the sign of t.
+
+    The walk stops at the first node it cannot look through, which the selection then reads as computed
+    (exact, only more bytes than the logits): a downcast, a non-positive factor, a second tensor or one
+    that varies along the dim, or a step `may_peel(node, source)` refuses (a write in place)."""
     node, peeled, factor, tensor = scores, [], 1.0, None
     while True:
-        below = as_cast(node) or as_scale(node)
-        source = fake_tensor(below[0]) if below is not None and isinstance(below[0], Node) else None
-        if source is None or source.dtype not in SELECTABLE:
+        step = as_cast(node) or as_scale(node)
+        source = fake_tensor(step[0]) if step is not None and isinstance(step[0], Node) else None
+        if source is None or source.dtype not in SELECTABLE or (may_peel is not None and not may_peel(node, step[0])):
             return node, peeled, factor, tensor  # the selection reads this node (topk of bool or float8: none)
         if (cast := as_cast(node)) is not None:
-            src, dtype = cast
-            source = fake_tensor(src)
-            if not is_upcast(source.dtype if source is not None else None, dtype):
+            if not is_upcast(source.dtype, cast[1]):
                 return node, peeled, factor, tensor  # a downcast may merge values: select on what softmax saw
-            peeled.append(node)
-            node = src
-        elif (scale := as_scale(node)) is not None:
-            src, by = scale
+        else:
+            src, by = step
             if isinstance(by, Node):
-                if dim is None or tensor is not None:
-                    raise Refuse(f"temperature {by.name} is a tensor whose sign is not known")
-                _check_row_constant(by, node, dim)
+                if dim is None or tensor is not None or not _row_constant(by, node, dim):
+                    return node, peeled, factor, tensor
                 tensor = TensorScale(by, "div" if target_key(node) in _DIVISIONS else "mul", node)
-            elif not by > 0:  # also refuses NaN
-                raise Refuse(f"temperature factor {by} is not positive")
+            elif not by > 0:  # also NaN
+                return node, peeled, factor, tensor
             else:
                 factor *= by
-            peeled.append(node)
-            node = src
-        else:
-            return node, peeled, factor, tensor
+        peeled.append(node)
+        node = step[0]
 
 
 _DIVISIONS = {key for key, factor in _SCALES.items() if factor is _reciprocal}
 
 
-def _check_row_constant(scale: Node, scaled: Node, dim: int) -> None:
-    """Refuse unless `scale` broadcasts along `dim` (one value per row, or one in all) without
-    changing the scaled tensor's shape: otherwise it reweighs the entries of a row, not the row."""
+def _row_constant(scale: Node, scaled: Node, dim: int) -> bool:
+    """Whether `scale` broadcasts along `dim` (one value per row, or one in all) without changing the
+    scaled tensor's shape: otherwise it reweighs the entries of a row, not the row."""
     value, result = fake_tensor(scale), fake_tensor(scaled)
     if value is None or result is None or value.dim() > result.dim():
-        raise Refuse(f"temperature {scale.name}: its shape is not known to broadcast over the rows")
+        return False
     offset = result.dim() - value.dim()
-    if dim >= offset and value.shape[dim - offset] != 1:
-        raise Refuse(f"temperature {scale.name} varies along the softmax dim: it reweighs entries, not rows")
+    return dim < offset or value.shape[dim - offset] == 1
 
 
 def match_dynamo_softmax(node: Node) -> Softmax | None:
@@ -402,7 +407,7 @@ def match(sel: Selection, level: str, effects: Effects) -> Match | None:
     if softmax is None:
         if probs_node.op != "placeholder" and any(_looks_like_softmax(a, level) for a in probs_node.args):
             if effects.writes(probs_node):
-                raise Refuse(f"the probabilities are written in place between the softmax and the selection, by {_describe(probs_node)}")
+                raise Refuse(f"the probabilities are written in place between the softmax and the selection, by {describe(probs_node)}")
             raise Refuse(f"{probs_node.name} ({probs_node.target}) between softmax and selection is not understood")
         return None
     sel_rank = rank(sel.input)
@@ -429,17 +434,17 @@ def match(sel: Selection, level: str, effects: Effects) -> Match | None:
     for user in sel.node.users if sel.returns_pair else ():
         if not (is_call(user, operator.getitem) and user.args[1] in (0, 1)):
             raise Refuse(f"selection result used as a whole by {user.name}")
-    logits, peeled, factor, tensor = peel_scaled_logits(softmax.scores, softmax.dim)
+    logits, peeled, factor, tensor = peel_scaled_logits(softmax.scores, softmax.dim, _unwritten_until(softmax.node, effects))
     probs_value = fake_tensor(probs_node)
     if probs_value is None or fake_tensor(logits) is None:
         raise Refuse("no tensor metadata on the graph (capture with Dynamo or run FakeTensorProp first)")
-    _check_effects(effects, sel, softmax, logits, peeled, cast_nodes)
+    _check_effects(effects, sel, softmax, peeled, cast_nodes)
     if tensor is not None and (written := effects.writers([tensor.node], tensor.at, softmax.node)):
-        raise Refuse(f"the temperature {tensor.node.name} is written in place after the softmax read it, by {_describe(written[0])}")
+        raise Refuse(f"the temperature {tensor.node.name} is written in place after the softmax read it, by {describe(written[0])}")
     if _TOPK_MISSES_LATER_WRITES and k > 1 and sel_dim != probs_value.dim() - 1 and (written := effects.writers([logits], softmax.node)):
         raise Refuse(
             f"torch {torch.__version__}'s Inductor can compute a topk over a dim other than the last from the "
-            f"logits as written later (here by {_describe(written[0])}); torch 2.13 does not"
+            f"logits as written later (here by {describe(written[0])}); torch 2.13 does not"
         )
     # rounded to fp16/bf16 anywhere between the softmax and the selection (softmax(x_bf16).float() too)
     rounded = next((d for d in (probs_value.dtype, *casts) if d in HALF), None)
@@ -449,41 +454,35 @@ def match(sel: Selection, level: str, effects: Effects) -> Match | None:
         factor=factor * softmax.scale, tensor_scale=tensor,
         prob_dtype=probs_value.dtype, prob_casts=casts, read_dtype=read_dtype, half=rounded is not None,
         matched=[sel.node, *cast_nodes, probs_node, *peeled], peeled=peeled,
+        written_by=next(iter(effects.writers([logits, *logits.all_input_nodes], logits, softmax.node)), None),
     )  # fmt: skip
 
 
-def _check_effects(effects: Effects, sel: Selection, softmax: Softmax, logits: Node, peeled: list[Node], casts: list[Node]) -> None:
-    """Refuse when a write changes what the original selects from after the rewrite's point (the softmax)."""
+def _unwritten_until(softmax: Node, effects: Effects) -> Callable[[Node, Node], bool]:
+    """The peel's write test. The rewrite reads the logits where the softmax is: looking through `node` to
+    its `source` is exact only if neither is written in place from `node` on (`x = x.float(); x.div_(t)`:
+    the softmax reads x divided, so the selection reads that x, not the logits before the cast)."""
+    return lambda node, source: not effects.writers([node, source], node, softmax)
+
+
+def _check_effects(effects: Effects, sel: Selection, softmax: Softmax, peeled: list[Node], casts: list[Node]) -> None:
+    """Refuse when a write changes the probabilities the original selects from after the rewrite's point
+    (the softmax), or the global state changes along the chain (writes to the logits stop the peel)."""
     after_softmax = effects.writers([softmax.node, *casts], softmax.node, sel.node)
     if after_softmax:
-        raise Refuse(f"the probabilities are written in place between the softmax and the selection, by {_describe(after_softmax[0])}")
+        raise Refuse(f"the probabilities are written in place between the softmax and the selection, by {describe(after_softmax[0])}")
     chain = [*peeled, softmax.node]  # in graph order: each reads the one before
     if changes := effects.state_changes(min(chain, key=effects.order.get), sel.node):
         raise Refuse(
-            f"{_describe(changes[0])} changes torch's global state (grad mode, autocast) between the softmax "
+            f"{describe(changes[0])} changes torch's global state (grad mode, autocast) between the softmax "
             "and the selection: the rewritten values would be computed under the softmax's"
         )
-    first_read = min((n for n in chain if logits in n.all_input_nodes), key=effects.order.get, default=softmax.node)
-    written = effects.writers([logits], first_read, softmax.node)
-    for value in peeled:
-        written += effects.writers([value], value, softmax.node)
-    if written:
-        first = min(written, key=effects.order.get)
-        since = f"{first_read.name}, which the rewrite looks through," if first_read is not softmax.node else "the softmax"
-        scale = "; an in-place temperature is not looked through: divide out of place (logits / t)" if _scales_in_place(first) else ""
-        raise Refuse(f"the logits are written in place by {_describe(first)} after {since} began reading them: the softmax "
-                     f"reads values the rewrite would not{scale}")
 
 
 def _target_name(node: Node) -> str:
     return node.target if isinstance(node.target, str) else getattr(node.target, "__name__", str(node.target))
 
 
-def _scales_in_place(node: Node) -> bool:
-    """Whether `node` is an in-place scale as Dynamo records one (x.div_(t), x.mul_(s))."""
-    return _target_name(node) in ("div_", "mul_", "true_divide_", "multiply_", "divide_")
-
-
-def _describe(node: Node) -> str:
+def describe(node: Node) -> str:
     where = user_location(node)
     return f"{node.name} ({_target_name(node)})" + (f" at {where}" if where else "")

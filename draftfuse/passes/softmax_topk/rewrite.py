@@ -29,7 +29,7 @@ from draftfuse.kernels import selection_kernels_available  # registers torch.ops
 from draftfuse.passes.driver import Refuse, rewrite_selections
 from draftfuse.passes.report import PassReport, Rewrite
 from draftfuse.passes.softmax_topk.emit import PASS_NAME, AtenEmitter, Emitter, SoftmaxParts, TorchEmitter
-from draftfuse.passes.softmax_topk.match import HALF, Match, as_cast, match
+from draftfuse.passes.softmax_topk.match import HALF, Match, as_cast, describe, match
 
 log = logging.getLogger("draftfuse.passes.softmax_topk")
 
@@ -216,6 +216,8 @@ def _apply(m: Match, parts: SoftmaxParts, probs: str, lowering: str, erased: set
     details = [f"dim {m.dim}"]
     if m.tensor_scale is not None:
         details.append(f"temperature tensor {m.tensor_scale.node.name}: the order of x * sign")
+    if m.written_by is not None:
+        details.append(f"selects from {m.logits.name} as the softmax reads it: {describe(m.written_by)} writes in place before the softmax")
     if wants_values:
         source = "the kernel" if rule.endswith(("argmax_prob", "topk_prob")) else "the exp-sum"
         source = "the probability tensor, read elsewhere too" if parts.read_elsewhere else source
