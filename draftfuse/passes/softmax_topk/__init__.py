@@ -7,7 +7,8 @@ The rewrite (dim d is the softmax dim and must be the dim the selection reduces)
 
 becomes, for k = 1:
 
-    i = argmax(x, d, keepdim)                  # x = the logits before upcasts and temperature
+    i = argmax(x, d, keepdim)                  # x = the logits before upcasts and temperature (or
+                                               # the value where looking back stops: match.py)
     v = 1 / sum(exp(s - max(s)))               # only if v is read; float32 inside, cast like p
                                                # log_softmax: v = -log(sum(exp(s - max(s))))
                                                # probs="ones": v = 1 (0 for log_softmax)

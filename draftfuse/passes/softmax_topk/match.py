@@ -13,10 +13,10 @@ What the selection reads: the rewrite selects right after the softmax, from the 
 through back to the logits (peel_scaled_logits) by exact upcasts, positive constant scales and one
 tensor temperature constant along the dim (the order is then that of x * sign(1 / t)). The walk stops,
 and the selection reads the value there as computed (exact, only more bytes), at anything else: a
-downcast, a negative factor, a second tensor, and a value that it or its source is written in place from
-there to the softmax (`x = x.float(); x.div_(t)`: the softmax reads x divided, so the selection does too;
-draftfuse.graph.effects says what may write it, through any view). Later writes to the logits do not
-matter.
+downcast, a negative factor, a second tensor, or a step whose value or source is written in place before
+the softmax (`x = x.float(); x.div_(t)`: the softmax reads x divided, so the selection does too;
+draftfuse.graph.effects says what may write a value, through any view). Later writes to the logits do
+not matter.
 
 Legality, besides the shapes (selection dim = softmax dim, 1 <= k <= size, a known constant k):
   * between the softmax and the selection only float casts (the rewritten values replay them);
