@@ -175,6 +175,19 @@ def test_an_in_place_temperature_is_rewritten_from_the_divided_copy():
     assert len(report.rewrites) == 1 and "temperature tensor" in report.rewrites[0].detail, str(report)
 
 
+def test_a_temperature_tensor_written_after_its_read_leaves_the_scaled_logits_to_the_selection():
+    # the softmax reads x / t as t was; the selection must not follow the sign of t as written (it was
+    # refused, untested): it reads the scaled values
+    def f(t, x):  # (Dynamo's inputs come in the order of first use)
+        scaled = x / t[:, None]
+        t.mul_(-1)
+        return torch.softmax(scaled, -1).argmax(-1)
+
+    t = torch.tensor([0.5, 1.5, 2.0, 0.7])
+    assert not torch.equal((X / t[:, None]).argmax(-1), (-X).argmax(-1)), "following t as written must pick other tokens"
+    _reads_as_written(run_both(f, t, X), "mul_")
+
+
 def test_a_mask_written_in_place_on_a_float_copy_is_selected_from():
     # a ban written on the float32 copy (masked_fill_), then the softmax: the selection reads the copy
     def f(x, banned):

@@ -13,15 +13,15 @@ What the selection reads: the rewrite selects right after the softmax, from the 
 through back to the logits (peel_scaled_logits) by exact upcasts, positive constant scales and one
 tensor temperature constant along the dim (the order is then that of x * sign(1 / t)). The walk stops,
 and the selection reads the value there as computed (exact, only more bytes), at anything else: a
-downcast, a negative factor, a second tensor, or a step whose value or source is written in place before
-the softmax (`x = x.float(); x.div_(t)`: the softmax reads x divided, so the selection does too;
+downcast, a negative factor, a second tensor, or a step whose value or inputs (its source, a temperature
+tensor) are written in place before the softmax (`x = x.float(); x.div_(t)`: the softmax reads x divided, so the selection does too;
 draftfuse.graph.effects says what may write a value, through any view). Later writes to the logits do
 not matter.
 
 Legality, besides the shapes (selection dim = softmax dim, 1 <= k <= size, a known constant k):
   * between the softmax and the selection only float casts (the rewritten values replay them);
   * effects: nothing writes the probabilities (or any view of them) between the softmax and the
-    selection, nor a temperature tensor between its read and the softmax;
+    selection;
   * nothing changes torch's global state (grad mode, autocast: `with torch.no_grad()` around the topk)
     from the first op looked through to the selection: the rewrite computes the values where the softmax
     is, under its grad mode and dtype policy, which must be the selection's;
@@ -439,8 +439,6 @@ def match(sel: Selection, level: str, effects: Effects) -> Match | None:
     if probs_value is None or fake_tensor(logits) is None:
         raise Refuse("no tensor metadata on the graph (capture with Dynamo or run FakeTensorProp first)")
     _check_effects(effects, sel, softmax, peeled, cast_nodes)
-    if tensor is not None and (written := effects.writers([tensor.node], tensor.at, softmax.node)):
-        raise Refuse(f"the temperature {tensor.node.name} is written in place after the softmax read it, by {describe(written[0])}")
     if _TOPK_MISSES_LATER_WRITES and k > 1 and sel_dim != probs_value.dim() - 1 and (written := effects.writers([logits], softmax.node)):
         raise Refuse(
             f"torch {torch.__version__}'s Inductor can compute a topk over a dim other than the last from the "
@@ -459,10 +457,11 @@ def match(sel: Selection, level: str, effects: Effects) -> Match | None:
 
 
 def _unwritten_until(softmax: Node, effects: Effects) -> Callable[[Node, Node], bool]:
-    """The peel's write test. The rewrite reads the logits where the softmax is: looking through `node` to
-    its `source` is exact only if neither is written in place from `node` on (`x = x.float(); x.div_(t)`:
-    the softmax reads x divided, so the selection reads that x, not the logits before the cast)."""
-    return lambda node, source: not effects.writers([node, source], node, softmax)
+    """The peel's write test. The rewrite reads the logits (and a temperature tensor) where the softmax is:
+    looking through `node` to its `source` is exact only if neither it nor what it reads is written in place
+    from `node` on (`x = x.float(); x.div_(t)`: the softmax reads x divided, so the selection reads that x,
+    not the logits before the cast; `s = x / t; t.mul_(-1)`: it reads s)."""
+    return lambda node, source: not effects.writers([node, *node.all_input_nodes], node, softmax)
 
 
 def _check_effects(effects: Effects, sel: Selection, softmax: Softmax, peeled: list[Node], casts: list[Node]) -> None:
