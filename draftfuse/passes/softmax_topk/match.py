@@ -14,9 +14,9 @@ through back to the logits (peel_scaled_logits) by exact upcasts, positive const
 tensor temperature constant along the dim (the order is then that of x * sign(1 / t)). The walk stops,
 and the selection reads the value there as computed (exact, only more bytes), at anything else: a
 downcast, a negative factor, a second tensor, or a step whose value or inputs (its source, a temperature
-tensor) are written in place before the softmax (`x = x.float(); x.div_(t)`: the softmax reads x divided, so the selection does too;
-draftfuse.graph.effects says what may write a value, through any view). Later writes to the logits do
-not matter.
+tensor) are written in place before the softmax (`x = x.float(); x.div_(t)`: the softmax reads x
+divided, so the selection does too; draftfuse.graph.effects says what may write a value, through any
+view). Later writes to the logits do not matter.
 
 Legality, besides the shapes (selection dim = softmax dim, 1 <= k <= size, a known constant k):
   * between the softmax and the selection only float casts (the rewritten values replay them);
@@ -219,21 +219,22 @@ def peel_logits(scores: Node) -> tuple[Node, list[Node], float]:
 
 
 def peel_scaled_logits(
-    scores: Node, dim: int | None, may_peel: Callable[[Node, Node], bool] | None = None
+    scores: Node, dim: int | None, may_peel: Callable[[Node], bool] | None = None
 ) -> tuple[Node, list[Node], float, TensorScale | None]:
     """peel_logits, looking also through one tensor temperature (`x / t`, `x * s`) when `dim` (the
     softmax dim) is given and t is constant along it: the selection then follows the sign of t.
 
     The walk stops at the first node it cannot look through, which the selection then reads as computed
     (exact, only more bytes than the logits): a downcast, a non-positive factor, a second tensor or one
-    that varies along the dim, or a step `may_peel(node, source)` refuses (a write in place)."""
+    that varies along the dim, or a step `may_peel(node)` refuses (a write in place)."""
     node, peeled, factor, tensor = scores, [], 1.0, None
     while True:
-        step = as_cast(node) or as_scale(node)
+        cast = as_cast(node)
+        step = cast or as_scale(node)
         source = fake_tensor(step[0]) if step is not None and isinstance(step[0], Node) else None
-        if source is None or source.dtype not in SELECTABLE or (may_peel is not None and not may_peel(node, step[0])):
+        if source is None or source.dtype not in SELECTABLE or (may_peel is not None and not may_peel(node)):
             return node, peeled, factor, tensor  # the selection reads this node (topk of bool or float8: none)
-        if (cast := as_cast(node)) is not None:
+        if cast is not None:
             if not is_upcast(source.dtype, cast[1]):
                 return node, peeled, factor, tensor  # a downcast may merge values: select on what softmax saw
         else:
@@ -434,7 +435,9 @@ def match(sel: Selection, level: str, effects: Effects) -> Match | None:
     for user in sel.node.users if sel.returns_pair else ():
         if not (is_call(user, operator.getitem) and user.args[1] in (0, 1)):
             raise Refuse(f"selection result used as a whole by {user.name}")
-    logits, peeled, factor, tensor = peel_scaled_logits(softmax.scores, softmax.dim, _unwritten_until(softmax.node, effects))
+    logits, peeled, factor, tensor = peel_scaled_logits(
+        softmax.scores, softmax.dim, lambda node: not _writes_before(node, softmax.node, effects)
+    )
     probs_value = fake_tensor(probs_node)
     if probs_value is None or fake_tensor(logits) is None:
         raise Refuse("no tensor metadata on the graph (capture with Dynamo or run FakeTensorProp first)")
@@ -452,16 +455,16 @@ def match(sel: Selection, level: str, effects: Effects) -> Match | None:
         factor=factor * softmax.scale, tensor_scale=tensor,
         prob_dtype=probs_value.dtype, prob_casts=casts, read_dtype=read_dtype, half=rounded is not None,
         matched=[sel.node, *cast_nodes, probs_node, *peeled], peeled=peeled,
-        written_by=next(iter(effects.writers([logits, *logits.all_input_nodes], logits, softmax.node)), None),
+        written_by=next(iter(_writes_before(logits, softmax.node, effects)), None),
     )  # fmt: skip
 
 
-def _unwritten_until(softmax: Node, effects: Effects) -> Callable[[Node, Node], bool]:
-    """The peel's write test. The rewrite reads the logits (and a temperature tensor) where the softmax is:
-    looking through `node` to its `source` is exact only if neither it nor what it reads is written in place
-    from `node` on (`x = x.float(); x.div_(t)`: the softmax reads x divided, so the selection reads that x,
-    not the logits before the cast; `s = x / t; t.mul_(-1)`: it reads s)."""
-    return lambda node, source: not effects.writers([node, *node.all_input_nodes], node, softmax)
+def _writes_before(node: Node, softmax: Node, effects: Effects) -> list[Node]:
+    """The in-place writes to `node` or to what it reads, from `node` to the softmax: the peel's test. The
+    rewrite reads the logits (and a temperature tensor) where the softmax is, so looking through `node` is
+    exact only if there are none (`x = x.float(); x.div_(t)`: the softmax reads x divided, so the selection
+    reads that x, not the logits before the cast; `s = x / t; t.mul_(-1)`: it reads s)."""
+    return effects.writers([node, *node.all_input_nodes], node, softmax)
 
 
 def _check_effects(effects: Effects, sel: Selection, softmax: Softmax, peeled: list[Node], casts: list[Node]) -> None:
