@@ -19,5 +19,7 @@ for _ in 1 2 3 4 5 6; do nvidia-smi --query-gpu=memory.used --format=csv,noheade
 wait
 grep -hE "^E |passed|failed|Error" $OUT/a.txt $OUT/b*.txt | head -60
 # C (if A and B pass): the whole suite as it failed; SIGINT makes pytest print the failures it has
-timeout -s INT 420 python -m pytest -m cuda -n 16 -q --tb=short tests/ > $OUT/full.txt 2>&1
+(for _ in $(seq 1 40); do nvidia-smi --query-gpu=memory.used --format=csv,noheader; sleep 10; done) > $OUT/mem_full.txt 2>&1 &
+timeout -s INT 390 python -m pytest -m cuda -n 16 -q -rf --tb=short -p no:cacheprovider tests/ > $OUT/full.txt 2>&1
+sort -n $OUT/mem_full.txt | tail -3
 grep -E "^E |^FAILED|passed|failed|out of memory" $OUT/full.txt | head -60

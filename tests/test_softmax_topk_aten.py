@@ -4,6 +4,8 @@ There softmax is already decomposed (amax, sub, exp, sum, div; converts around i
 Inductor's own where-form for a temperature) and default arguments are dropped.
 """
 
+import functools
+
 import torch
 from expecttest import TestCase
 from torch._inductor import config as inductor_config
@@ -215,20 +217,54 @@ class GraphModule(torch.nn.Module):
 """)
 
 
+    def test_a_hand_written_softmax_of_a_temperature_tensor_in_inductors_signed_form(self):
+        """Inductor turns a hand-written stable softmax of x / t (or s * x) with a tensor t into
+        where(all_finite(x / t), (x * w - amax(x * w)) / (w * t), ...), w = where(t >= 0, 1, -1): rewritten,
+        the selection following the sign of t in each row, the values those of the softmax."""
+
+        def by_division(x, t):
+            z = x / t
+            z = z - z.amax(-1, keepdim=True)
+            e = z.exp()
+            return (e / e.sum(-1, keepdim=True)).topk(4)
+
+        def by_product_of_an_upcast(x, s):
+            z = s * x.float()
+            z = z - z.amax(-1, keepdim=True)
+            e = z.exp()
+            p = e / e.sum(-1, keepdim=True)
+            return p.argmax(-1), p.max(-1)
+
+        x = torch.randn(6, 64, generator=torch.Generator().manual_seed(0))
+        t = torch.tensor([[0.5], [-0.5], [2.0], [-3.0], [1.0], [-1.0]])
+        negative = (t < 0).squeeze(1)
+        for fn, args, rewrites in ((by_division, (x, t), 1), (by_product_of_an_upcast, (x.bfloat16(), 1 / t), 2)):
+            rec, got = compiled_with_pass(fn, *args)
+            want = fn(*args)
+            self.assertEqual(len(rec.last_report.rewrites), rewrites, str(rec.last_report))
+            self.assertEqual(rec.last_report.refusals, [], str(rec.last_report))
+            self.assertIn("temperature tensor arg1_1: the order of x * sign", str(rec.last_report))
+            want_first, got_first = want.indices[:, 0] if fn is by_division else want[0], got.indices[:, 0] if fn is by_division else got[0]
+            self.assertTrue(torch.equal(got_first, want_first))
+            self.assertTrue(torch.equal(got_first[negative], args[0][negative].float().argmin(-1)))  # the sign decides
+            for got_leaf, want_leaf in zip(torch.utils._pytree.tree_leaves(got), torch.utils._pytree.tree_leaves(want)):
+                torch.testing.assert_close(got_leaf, want_leaf, rtol=0, atol=0) if not want_leaf.dtype.is_floating_point else torch.testing.assert_close(got_leaf, want_leaf)
+
+
 class AtenRefusals(TestCase):
-    def test_dims_differ_and_tensor_temperature(self):
+    def test_dims_differ_refused_beside_a_tensor_temperature_rewritten(self):
         def f(x, t):
             a = torch.softmax(x, 0).argmax(1)
             b = torch.softmax(x / t, -1).argmax(-1)
             return a, b
 
-        rec = compile_with_pass(f, torch.randn(4, 64), torch.tensor(0.5))
-        reasons = sorted(r.reason for r in rec.last_report.refusals)
-        self.assertEqual(len(rec.last_report.rewrites), 0)
-        self.assertEqual(len(reasons), 2, str(rec.last_report))
-        self.assertIn("softmax over dim 0 but selection over dim 1", reasons[0])
-        self.assertIn("sign is not known", reasons[1])
-        self.assertEqual(rec.before, rec.after)
+        x = torch.randn(4, 64, generator=torch.Generator().manual_seed(0))
+        rec = compile_with_pass(f, x, torch.tensor(-0.5))  # the tokens equal eager's (compile_with_pass)
+        self.assertEqual(len(rec.last_report.rewrites), 1, str(rec.last_report))
+        self.assertEqual(len(rec.last_report.refusals), 1, str(rec.last_report))
+        self.assertIn("softmax over dim 0 but selection over dim 1", rec.last_report.refusals[0].reason)
+        self.assertIn("temperature tensor arg1_1: the order of x * sign", str(rec.last_report.rewrites[0]))
+        self.assertFalse(torch.equal(f(x, torch.tensor(-0.5))[1], x.argmax(-1)))  # the sign decides the tokens
         self.assertExpectedInline(rec.before, """\
 class GraphModule(torch.nn.Module):
     def forward(self, arg0_1: "f32[4, 64]", arg1_1: "f32[]"):
@@ -265,6 +301,22 @@ class GraphModule(torch.nn.Module):
         div_2: "f32[4, 64]" = torch.ops.aten.div.Tensor(exp_1, sum_2);  exp_1 = sum_2 = None
         argmax_1: "i64[4]" = torch.ops.aten.argmax.default(div_2, -1);  div_2 = None
         return (argmax, argmax_1)
+""")
+        self.assertExpectedInline(rec.after, """\
+class GraphModule(torch.nn.Module):
+    def forward(self, arg0_1: "f32[4, 64]", arg1_1: "f32[]"):
+        amax: "f32[1, 64]" = torch.ops.aten.amax.default(arg0_1, [0], True)
+        sub: "f32[4, 64]" = torch.ops.aten.sub.Tensor(arg0_1, amax);  amax = None
+        exp: "f32[4, 64]" = torch.ops.aten.exp.default(sub);  sub = None
+        sum_1: "f32[1, 64]" = torch.ops.aten.sum.dim_IntList(exp, [0], True)
+        div: "f32[4, 64]" = torch.ops.aten.div.Tensor(exp, sum_1);  exp = sum_1 = None
+        argmax: "i64[4]" = torch.ops.aten.argmax.default(div, 1);  div = None
+
+        reciprocal_default: "f32[]" = torch.ops.aten.reciprocal.default(arg1_1);  arg1_1 = None
+        sign_default: "f32[]" = torch.ops.aten.sign.default(reciprocal_default);  reciprocal_default = None
+        mul_tensor_3: "f32[4, 64]" = torch.ops.aten.mul.Tensor(arg0_1, sign_default);  arg0_1 = sign_default = None
+        argmax_default: "i64[4]" = torch.ops.aten.argmax.default(mul_tensor_3, 1, False);  mul_tensor_3 = None
+        return (argmax, argmax_default)
 """)
 
 
@@ -328,6 +380,39 @@ class AtenRecognisers(TestCase):
 
         report = self.check_not_rewritten(f, torch.randn(6, 6), torch.rand(6, 1) > 0.5)
         self.assertTrue(any("scale the logits differently" in r.reason for r in report.refusals), str(report))
+
+    def test_signed_temperature_forms_with_one_piece_off_are_not_rewritten(self):
+        """Inductor's where form for softmax(x / t), spelled by hand (make_fx keeps it as written) with one
+        piece off: the sign of another tensor or of t - 1, the divisor, the scaled branch or the signed
+        branch another tensor's, a temperature that varies along the row. None is a softmax of x / t whose
+        order is that of x * sign(t); the spelling with nothing off is rewritten and selects as the graph
+        does."""
+        from torch.fx.experimental.proxy_tensor import make_fx
+
+        from draftfuse.passes import rewrite_softmax_topk
+
+        def signed_form(x, t, other, off):
+            one = torch.scalar_tensor(1.0)
+            w = torch.where((other if off == "sign of another" else t) >= (1.0 if off == "sign of t - 1" else 0.0), one, -one)
+            a = (x.flip(-1) if off == "signed branch of another" else x) * w
+            first = (a - a.amax(-1, keepdim=True)) / (w * (other if off == "divisor" else t))
+            s = x / (other if off == "scaled branch" else t)
+            second = s - s.amax(-1, keepdim=True)
+            finite = torch.logical_not(torch.any(torch.logical_not((s == s) * (s.abs() != float("inf"))), -1, keepdim=True))
+            e = torch.where(finite, first, second).exp()
+            return (e / e.sum(-1, keepdim=True)).argmax(-1)
+
+        gen = torch.Generator().manual_seed(1)
+        x = torch.randn(6, 32, generator=gen)
+        t = torch.tensor([[0.5], [-0.5], [2.0], [-3.0], [0.7], [-1.0]])
+        other = torch.tensor([[-2.0], [0.25], [-1.0], [3.0], [-0.7], [1.5]])
+        per_entry = torch.randn(6, 32, generator=gen)
+        cases = [("nothing", t), ("sign of another", t), ("sign of t - 1", t), ("divisor", t), ("scaled branch", t), ("signed branch of another", t), ("nothing", per_entry)]
+        for off, temperature in cases:
+            gm = make_fx(functools.partial(signed_form, off=off), tracing_mode="fake")(x, temperature, other)
+            result = rewrite_softmax_topk(gm)
+            self.assertEqual(len(result.report.rewrites), int(off == "nothing" and temperature is t), (off, str(result.report)))
+            self.assertTrue(torch.equal(result.graph_module(x, temperature, other), gm(x, temperature, other)), off)
 
     def test_zero_dim_softmax_and_amax_without_dim_do_not_crash(self):
         def f(x, y):

@@ -60,7 +60,7 @@ def test_uuid_covers_every_file_that_decides_a_rewrite():
     post_grad.source_hash.cache_clear()
     files = post_grad._source_files()
     names = {f.split("draftfuse/")[-1] for f in files}
-    assert {"kernels/selection.py", "options.py", "graph/effects.py", "passes/softmax_topk/match.py", "passes/prove.py"} <= names
+    assert {"kernels/selection.py", "options.py", "graph/effects.py", "passes/softmax_topk/match.py", "passes/softmax_topk/recognise.py", "passes/softmax_topk/forms.py", "passes/prove.py"} <= names
 
 
 def test_without_the_pass_the_code_keeps_topk(tmp_path, monkeypatch):

@@ -8,7 +8,7 @@ The rewrite (dim d is the softmax dim and must be the dim the selection reduces)
 becomes, for k = 1:
 
     i = argmax(x, d, keepdim)                  # x = the logits before upcasts and temperature (or
-                                               # the value where looking back stops: match.py)
+                                               # the value where looking back stops: forms.py)
     v = 1 / sum(exp(s - max(s)))               # only if v is read; float32 inside, cast like p
                                                # log_softmax: v = -log(sum(exp(s - max(s))))
                                                # probs="ones": v = 1 (0 for log_softmax)
@@ -22,16 +22,18 @@ so the probability tensor is never materialised. Values go through the same cast
 probabilities did before the selection, so their dtype and rounding match. With lowering "kernels"
 (or "auto" where they run) the index and values come from draftfuse's one-pass selection ops instead.
 
-When it is legal is match.py's docstring: the dims, k, casts and temperatures it looks through, the
-writes (effects) that refuse it, and why smallest-probability selections are refused. Results differ
+When it is legal is match.py's docstring (the casts and temperatures looked through: forms.py's): the
+dims, k, the writes (effects) that refuse it, and why smallest-probability selections are refused. Results differ
 from the unrewritten graph only in two documented cases: rows holding NaN or +inf, and ties that
 rounding creates between logits and probabilities (fp16/bf16 softmax, temperature division): argmax
 then returns the true maximum of the logits; exact ties resolve to the first index.
 
 Modules, in the order a rewrite goes through them:
-    match.py    graph -> Match or a refusal, for Dynamo graphs and post-grad ATen graphs
-    emit.py     the new nodes, spelled per level, and the softmax pieces the values reuse
-    rewrite.py  values, kernel choice, rewiring, the driver and its report
+    recognise.py  the softmax, as Dynamo graphs and post-grad ATen graphs spell it
+    forms.py      casts and temperatures between the logits and the softmax, and the walk back through them
+    match.py      graph -> Match or a refusal, for both levels
+    emit.py       the new nodes, spelled per level, and the softmax pieces the values reuse
+    rewrite.py    values, kernel choice, rewiring, the driver and its report
 
 Why a matcher of our own rather than Inductor's pattern matcher (`register_replacement` with an
 `extra_check`): the family is wide (any dim, keepdim or not, chains of casts, temperatures by constant

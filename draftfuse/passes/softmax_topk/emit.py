@@ -14,7 +14,7 @@ from typing import Any
 import torch
 
 from draftfuse.graph.values import Node, fake_tensor, insert_after
-from draftfuse.passes.softmax_topk.match import Softmax
+from draftfuse.passes.softmax_topk.forms import Softmax
 
 aten = torch.ops.aten
 prims = torch.ops.prims

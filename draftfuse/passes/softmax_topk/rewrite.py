@@ -29,7 +29,8 @@ from draftfuse.kernels import selection_kernels_available  # registers torch.ops
 from draftfuse.passes.driver import Refuse, rewrite_selections
 from draftfuse.passes.report import PassReport, Rewrite
 from draftfuse.passes.softmax_topk.emit import PASS_NAME, AtenEmitter, Emitter, SoftmaxParts, TorchEmitter
-from draftfuse.passes.softmax_topk.match import HALF, Match, as_cast, describe, match
+from draftfuse.passes.softmax_topk.forms import HALF, as_cast
+from draftfuse.passes.softmax_topk.match import Match, describe, match
 
 log = logging.getLogger("draftfuse.passes.softmax_topk")
 

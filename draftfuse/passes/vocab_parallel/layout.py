@@ -32,7 +32,7 @@ import torch
 from draftfuse.graph.selection import bind
 from draftfuse.graph.values import Node, fake, fake_tensor, normalise_dim, target_key
 from draftfuse.passes.driver import Refuse
-from draftfuse.passes.softmax_topk.match import as_cast, is_upcast
+from draftfuse.passes.softmax_topk.forms import as_cast, is_upcast
 from draftfuse.passes.vocab_parallel.gather import Gather
 
 aten = torch.ops.aten

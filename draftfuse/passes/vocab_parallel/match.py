@@ -28,8 +28,10 @@ from draftfuse.graph.effects import Effects
 from draftfuse.graph.selection import Selection
 from draftfuse.graph.values import Node, fake_tensor, target_key
 from draftfuse.passes.driver import Refuse
-from draftfuse.passes.softmax_topk.match import SOFTMAX_SPELLINGS, Match, as_cast, as_scale
+from draftfuse.passes.softmax_topk.forms import as_cast, as_scale
+from draftfuse.passes.softmax_topk.match import Match
 from draftfuse.passes.softmax_topk.match import match as match_softmax
+from draftfuse.passes.softmax_topk.recognise import SOFTMAX_SPELLINGS
 from draftfuse.passes.vocab_parallel import layout
 from draftfuse.passes.vocab_parallel.gather import Gather, as_gather, is_gather_node
 from draftfuse.passes.vocab_parallel.layout import Reassembly, chain_between, reassemble
