@@ -1372,7 +1372,7 @@ class HandProgram:
 def generate_handwritten(c: Chooser) -> HandProgram:
     """One hand-written softmax form (fp32), then a selection on it."""
     form = c.pick(["keepdim", "keepdim", "no_keepdim_square", "where_two_temps", "where_two_temps", "zero_dim", "amax_no_dim", "amax_other_dim", "log_form", "sum_no_keepdim",
-                   "sub_alpha", "log_sub_alpha"])
+                   "sub_alpha", "log_sub_alpha", "where_signed", "where_signed"])
     tags = [f"form={form}"]
     if form == "zero_dim":
         shape: tuple[int, ...] = ()
@@ -1418,6 +1418,27 @@ def generate_handwritten(c: Chooser) -> HandProgram:
     elif form == "zero_dim":
         lines += ["p = torch.softmax(x, 0)" if c.flag(0.5) else "p = torch.exp(x - torch.amax(x, 0, keepdim=True)) / torch.sum(torch.exp(x - torch.amax(x, 0, keepdim=True)), 0, keepdim=True)"]
         tags.append("0-d")
+    elif form == "where_signed":  # Inductor's form for a temperature tensor, maybe with one piece off
+        op = c.pick(["/", "*"])
+        off = c.pick(["nothing", "nothing", "nothing", "sign of another", "sign of t - 1", "divisor", "scaled branch",
+                      "signed branch of another", "per-entry temperature", "other op"])
+        temperatures = [0.5, -0.5, 2.0, -2.0, 0.25, -1.0, 0.0]
+        columns = shape[1] if off == "per-entry temperature" else 1
+        for name in ("t", "u"):  # u: another tensor, where a piece is off
+            args.append((name, torch.tensor([[c.pick(temperatures) for _ in range(columns)] for _ in range(shape[0])], dtype=F32)))
+        tags += [f"off={off}", f"op={op}"]
+        first_op = {"/": "*", "*": "/"}[op] if off == "other op" else op
+        lines += [
+            "one = torch.scalar_tensor(1.0)",
+            f"w = torch.where({'u' if off == 'sign of another' else 't'} >= {1.0 if off == 'sign of t - 1' else 0.0}, one, -one)",
+            f"a = {'x.flip(-1)' if off == 'signed branch of another' else 'x'} * w",
+            f"f = (a - torch.amax(a, {d}, keepdim=True)) {first_op} (w * {'u' if off == 'divisor' else 't'})",
+            f"s = x {op} {'u' if off == 'scaled branch' else 't'}",
+            f"b = s - torch.amax(s, {d}, keepdim=True)",
+            f"m = torch.logical_not(torch.any(torch.logical_not((s == s) * (torch.abs(s) != float('inf'))), {d}, keepdim=True))",
+            "e = torch.exp(torch.where(m, f, b))",
+            f"p = e / torch.sum(e, {d}, keepdim=True)",
+        ]
     else:  # where: two branches with different temperatures (Inductor's form has one)
         per_element = c.flag(0.5)
         if per_element:
