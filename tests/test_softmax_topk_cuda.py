@@ -80,3 +80,27 @@ def test_an_in_place_temperature_selects_with_the_kernels_from_the_divided_copy(
     probs = torch.softmax(logits.float() / temperature[:, None], dim=-1)
     assert_same_selection(probs, 1, want_index, index, keepdim=True)
     torch.testing.assert_close(values, want_values, rtol=1e-5, atol=1e-7)
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("k", [1, 4])
+def test_a_hand_written_softmax_of_a_temperature_tensor_selects_with_the_kernels(k):
+    """Dynamo sees no softmax in a hand-written stable softmax of x / t; Inductor gives it its signed
+    temperature form, which the post-grad pass lowers to the kernels with the scale 1 / t."""
+
+    def sample(logits, temperature):
+        z = logits.float() / temperature[:, None]
+        e = (z - z.amax(-1, keepdim=True)).exp()
+        return (e / e.sum(-1, keepdim=True)).topk(k, dim=-1)
+
+    torch.manual_seed(0)
+    logits = torch.randn(16, 32000, device="cuda", dtype=torch.bfloat16) * 4
+    temperature = torch.tensor([0.5, -1.5, 2.0, 0.7] * 4, device="cuda")
+    torch._dynamo.reset()
+    (values, index), (code,) = run_and_get_code(torch.compile(sample, backend="draftfuse", fullgraph=True), logits, temperature)
+    assert "draftfuse.topk_prob" in code or "draftfuse.argmax_prob" in code
+    want_values, want_index = sample(logits, temperature)
+    assert not torch.equal(want_index, logits.float().topk(k, dim=-1).indices), "the temperatures must change tokens"
+    probs = torch.softmax(logits.float() / temperature[:, None], dim=-1)
+    assert_same_selection(probs, 1, want_index, index, keepdim=True)
+    torch.testing.assert_close(values, want_values, rtol=1e-5, atol=1e-7)
