@@ -300,6 +300,29 @@ def test_views_share_memory_and_writes_through_them_are_seen():
     assert x_node in written_values(foreach)
 
 
+def test_a_sort_writes_nothing_but_its_out_tuple():
+    """aten.sort has TorchScript list overloads that write their list (sort.Tensor(Tensor(a!)[] self),
+    sort.int(int[](a!) self)); counting them made every `torch.sort(x)` and `x.sort()` a write of x: the
+    softmax rewrite refused, and draft_loop took sorted logits for a written input (CudagraphSkipError
+    on the next call's new logits). Top-p filters sort the logits so (HF TopPLogitsWarper, vLLM's
+    apply_top_k_top_p)."""
+
+    def f(x, v, i):
+        a = torch.sort(x, descending=False)
+        b = x.sort(dim=-1, descending=True, stable=True)
+        c = torch.sort(x, -1, out=(v, i))
+        return a[0], b[1], c[0]
+
+    x, v, i = torch.randn(4, 8), torch.empty(4, 8), torch.empty(4, 8, dtype=torch.long)
+    graph = _graph(f, x, v, i)
+    placeholders = {str(n.target): n for n in graph.find_nodes(op="placeholder")}
+    sorts = [n for n in graph.nodes if n.target in (torch.sort, "sort")]
+    assert len(sorts) == 3, graph
+    assert written_values(sorts[0]) == [] and written_values(sorts[1]) == []
+    assert set(written_values(sorts[2])) == {placeholders["L_v_"], placeholders["L_i_"]}
+    assert set(Effects(graph).written_inputs()) == {placeholders["L_v_"], placeholders["L_i_"]}
+
+
 def test_in_place_operators_and_unknown_calls():
     graph = _graph(lambda x: x.add(1), torch.randn(2))
     node = next(n for n in graph.nodes if n.op == "call_method")

@@ -235,6 +235,23 @@ def test_vllm_in_place_temperature_on_an_upcast_copy_is_rewritten_and_equals_eag
     assert "as the softmax reads it: div_" in rewrite.detail, rewrite
 
 
+def test_vllm_top_p_filter_sorting_the_logits_argument_takes_new_logits_every_call():
+    # apply_top_k_top_p sorts the logits it is given: the sort was taken for a write of that argument
+    # (aten.sort's list overloads write their list), so the second call's new logits raised
+    # CudagraphSkipError ("written in place by the draft but a different tensor") and the Dynamo-level
+    # rewrite was refused as "written in place ... by sort"
+    draft = draftfuse.draft_loop(vllm_sampling.top_p_then_topk)
+    top_p = torch.tensor([0.9, 0.5, 1.0, 0.2])
+    for seed in range(3):
+        logits, _, _ = vllm_sampling.make_inputs(seed)
+        before = logits.clone()
+        want, got = _eager(vllm_sampling.top_p_then_topk, logits.clone(), top_p), draft(logits, top_p)
+        assert torch.equal(got.indices, want.indices) and torch.equal(logits, before)
+        torch.testing.assert_close(got.values, want.values, rtol=1e-5, atol=1e-7)
+    assert len(draft.compiles) == 1
+    assert len(_rewrites(draft)) == 1 and not any(report.refusals for report in _selection_reports(draft))
+
+
 def test_vllm_exponential_division_in_place_chained_equals_eager():
     # vllm v1/sample/ops/topk_topp_sampler.py random_sample: probs.div_(q).argmax(dim=-1).view(-1)
     logits, _, q = vllm_sampling.make_inputs()

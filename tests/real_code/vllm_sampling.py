@@ -6,7 +6,9 @@
     `logits.softmax(dim=-1, dtype=torch.float32)`, the out-of-place `probs.div(q).argmax(dim=-1)` and
     a greedy `probs.argmax(dim=-1)` merged with `torch.where(is_greedy, ...)`;
   * `vllm/v1/sample/sampler.py` / `ops/bad_words.py` and the logits processors: tokens banned by
-    writing into the scores (`x[:, ids] = ...`, `masked_fill_`), a multiplicative weight (`mul_`).
+    writing into the scores (`x[:, ids] = ...`, `masked_fill_`), a multiplicative weight (`mul_`);
+  * `vllm/v1/sample/ops/topk_topp_sampler.py`, `apply_top_k_top_p` (as HF's TopPLogitsWarper): a
+    top-p mask from the ascending sort of the logits, written into the sorted copy and scattered back.
 
 The random draw is passed in (`q`, drawn once with a seeded generator) so that eager and compiled runs
 can be compared exactly; vLLM draws it inside the step with `exponential_()`.
@@ -107,3 +109,14 @@ def sample_with_generators(probs, generators: dict):
     for row, generator in generators.items():
         q[row].exponential_(generator=generator)  # <- per-request generator
     return probs.div_(q).argmax(dim=-1).view(-1)
+
+
+def top_p_then_topk(logits, top_p, k: int = 2):
+    """Keep the smallest set of tokens whose probability reaches top_p (per request), then softmax -> topk.
+    The sort reads the logits argument and writes nothing (draft_loop must not take it for a written input)."""
+    ascending, order = logits.sort(dim=-1, descending=False)
+    below = ascending.softmax(dim=-1).cumsum(dim=-1) <= 1 - top_p.unsqueeze(dim=1)
+    below[:, -1] = False  # the most likely token always stays
+    ascending.masked_fill_(below, -float("inf"))
+    kept = ascending.scatter(dim=-1, index=order, src=ascending)
+    return torch.softmax(kept, dim=-1).topk(k, dim=-1)
