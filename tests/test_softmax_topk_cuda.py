@@ -58,17 +58,9 @@ def test_a_draft_with_grad_enabled_selects_with_torch_ops_and_keeps_gradients():
     torch.testing.assert_close(got, head.weight.grad, rtol=1e-4, atol=1e-6)
 
 
-@pytest.mark.cuda
-@pytest.mark.parametrize("k", [1, 4])
-def test_an_in_place_temperature_selects_with_the_kernels_from_the_divided_copy(k):
-    """vLLM's sampler divides a float32 copy of the logits in place by per-request temperatures of any
-    sign; the selection reads that copy (the kernels on it), with eager's tokens."""
-
-    def sample(logits, temperature):
-        x = logits.to(torch.float32)
-        x.div_(temperature.unsqueeze(dim=1))
-        return x.softmax(dim=-1, dtype=torch.float32).topk(k, dim=-1)
-
+def _selects_with_the_kernels_as_eager(sample, k):
+    """sample(bf16 logits [16, 32000], temperatures of both signs) through backend="draftfuse": the code
+    calls the selection kernels, the tokens are eager's (the temperatures change them), the values close."""
     torch.manual_seed(0)
     logits = torch.randn(16, 32000, device="cuda", dtype=torch.bfloat16) * 4
     temperature = torch.tensor([0.5, -1.5, 2.0, 0.7] * 4, device="cuda")
@@ -80,6 +72,20 @@ def test_an_in_place_temperature_selects_with_the_kernels_from_the_divided_copy(
     probs = torch.softmax(logits.float() / temperature[:, None], dim=-1)
     assert_same_selection(probs, 1, want_index, index, keepdim=True)
     torch.testing.assert_close(values, want_values, rtol=1e-5, atol=1e-7)
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("k", [1, 4])
+def test_an_in_place_temperature_selects_with_the_kernels_from_the_divided_copy(k):
+    """vLLM's sampler divides a float32 copy of the logits in place by per-request temperatures of any
+    sign; the selection reads that copy (the kernels on it), with eager's tokens."""
+
+    def sample(logits, temperature):
+        x = logits.to(torch.float32)
+        x.div_(temperature.unsqueeze(dim=1))
+        return x.softmax(dim=-1, dtype=torch.float32).topk(k, dim=-1)
+
+    _selects_with_the_kernels_as_eager(sample, k)
 
 
 @pytest.mark.cuda
@@ -93,14 +99,4 @@ def test_a_hand_written_softmax_of_a_temperature_tensor_selects_with_the_kernels
         e = (z - z.amax(-1, keepdim=True)).exp()
         return (e / e.sum(-1, keepdim=True)).topk(k, dim=-1)
 
-    torch.manual_seed(0)
-    logits = torch.randn(16, 32000, device="cuda", dtype=torch.bfloat16) * 4
-    temperature = torch.tensor([0.5, -1.5, 2.0, 0.7] * 4, device="cuda")
-    torch._dynamo.reset()
-    (values, index), (code,) = run_and_get_code(torch.compile(sample, backend="draftfuse", fullgraph=True), logits, temperature)
-    assert "draftfuse.topk_prob" in code or "draftfuse.argmax_prob" in code
-    want_values, want_index = sample(logits, temperature)
-    assert not torch.equal(want_index, logits.float().topk(k, dim=-1).indices), "the temperatures must change tokens"
-    probs = torch.softmax(logits.float() / temperature[:, None], dim=-1)
-    assert_same_selection(probs, 1, want_index, index, keepdim=True)
-    torch.testing.assert_close(values, want_values, rtol=1e-5, atol=1e-7)
+    _selects_with_the_kernels_as_eager(sample, k)
