@@ -23,4 +23,5 @@ def dynamo_graph(fn, *args) -> torch.fx.GraphModule:
 
 
 def fx_graph_text(graph: torch.fx.Graph) -> str:
-    return graph_text(torch.fx.GraphModule(torch.nn.Module(), graph))
+    """The text of a graph, with the module that holds its constants (get_attr) where it has one."""
+    return graph_text(torch.fx.GraphModule(graph.owning_module or torch.nn.Module(), graph))

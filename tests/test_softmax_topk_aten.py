@@ -252,6 +252,39 @@ class GraphModule(torch.nn.Module):
 
 
 class AtenRefusals(TestCase):
+    def test_integer_logits_in_inductors_temperature_form_are_refused(self):
+        """For int8 logits Inductor's form subtracts the row maximum in int8, which wraps (-128 - 100 = 28):
+        its z is no softmax input, so values taken from it would be wrong (Inductor's own token is)."""
+
+        def f(x, t):
+            z = x / t
+            z = z - z.amax(-1, keepdim=True)
+            e = z.exp()
+            return (e / e.sum(-1, keepdim=True)).max(-1)
+
+        rec, _ = compiled_with_pass(f, torch.tensor([[-128, 100, 0]], dtype=torch.int8), torch.tensor([[2.0]]))
+        self.assertEqual(rec.last_report.rewrites, [], str(rec.last_report))
+        self.assertIn("subtracts the row maximum in torch.int8, which wraps", rec.last_report.refusals[0].reason)
+        self.assertEqual(rec.before, rec.after)
+
+    def test_the_kernels_do_not_scale_logits_divided_in_float64(self):
+        """x / t with t float64 divides in float64; the kernels' scale 1 / t in float32 is 0 for t = 1e50
+        (every row then tied, index 0). The selection goes to torch's ops on the float64 values instead."""
+
+        def f(x, t):
+            z = x / t
+            z = z - z.amax(-1, keepdim=True)
+            e = z.exp()
+            return (e / e.sum(-1, keepdim=True)).argmax(-1)
+
+        x = torch.randn(4, 32, generator=torch.Generator().manual_seed(0)) * 1e36
+        t = torch.full((4, 1), 1e50, dtype=torch.float64)
+        rec, got = compiled_with_pass(f, x, t, lowering="kernels")
+        self.assertTrue(torch.equal(got, f(x, t)))
+        self.assertFalse(torch.equal(f(x, t), torch.zeros(4, dtype=torch.long)))
+        (rewrite,) = rec.last_report.rewrites
+        self.assertIn("not the kernels: the logits are scaled in float64, the kernels scale in float32", rewrite.detail)
+
     def test_dims_differ_refused_beside_a_tensor_temperature_rewritten(self):
         def f(x, t):
             a = torch.softmax(x, 0).argmax(1)
@@ -384,9 +417,9 @@ class AtenRecognisers(TestCase):
     def test_signed_temperature_forms_with_one_piece_off_are_not_rewritten(self):
         """Inductor's where form for softmax(x / t), spelled by hand (make_fx keeps it as written) with one
         piece off: the sign of another tensor or of t - 1, the divisor, the scaled branch or the signed
-        branch another tensor's, a temperature that varies along the row. None is a softmax of x / t whose
-        order is that of x * sign(t); the spelling with nothing off is rewritten and selects as the graph
-        does."""
+        branch another tensor's, a signed branch of 2 * x (the order of x / t, other values: the kernels'
+        would differ), a temperature that varies along the row. The spelling with nothing off is
+        rewritten and selects as the graph does."""
         from torch.fx.experimental.proxy_tensor import make_fx
 
         from draftfuse.passes import rewrite_softmax_topk
@@ -394,7 +427,7 @@ class AtenRecognisers(TestCase):
         def signed_form(x, t, other, off):
             one = torch.scalar_tensor(1.0)
             w = torch.where((other if off == "sign of another" else t) >= (1.0 if off == "sign of t - 1" else 0.0), one, -one)
-            a = (x.flip(-1) if off == "signed branch of another" else x) * w
+            a = {"signed branch of another": x.flip(-1), "signed branch scaled": x * 2.0}.get(off, x) * w
             first = (a - a.amax(-1, keepdim=True)) / (w * (other if off == "divisor" else t))
             s = x / (other if off == "scaled branch" else t)
             second = s - s.amax(-1, keepdim=True)
@@ -407,7 +440,7 @@ class AtenRecognisers(TestCase):
         t = torch.tensor([[0.5], [-0.5], [2.0], [-3.0], [0.7], [-1.0]])
         other = torch.tensor([[-2.0], [0.25], [-1.0], [3.0], [-0.7], [1.5]])
         per_entry = torch.randn(6, 32, generator=gen)
-        cases = [("nothing", t), ("sign of another", t), ("sign of t - 1", t), ("divisor", t), ("scaled branch", t), ("signed branch of another", t), ("nothing", per_entry)]
+        cases = [("nothing", t), ("sign of another", t), ("sign of t - 1", t), ("divisor", t), ("scaled branch", t), ("signed branch of another", t), ("signed branch scaled", t), ("nothing", per_entry)]
         for off, temperature in cases:
             gm = make_fx(functools.partial(signed_form, off=off), tracing_mode="fake")(x, temperature, other)
             result = rewrite_softmax_topk(gm)

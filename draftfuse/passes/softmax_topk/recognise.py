@@ -136,6 +136,7 @@ def _inductor_temperature_form(z: Node, dim: int) -> tuple[Node, float]:
     x * sign(t), as s' = x / t has it wherever s' is finite (t = 0 or NaN leaves s' not finite)."""
     mask, first, second = z.args
     s2, c2 = _scaled_max_subtracted(second, dim)
+    _check_subtracts_in_floats(first)
     if _is_signed_temperature(first, s2, dim):
         if not _is_all_finite(mask, s2, dim):
             raise Refuse(f"{z.name}: the where's condition is not Inductor's all-finite test of {s2.name}")
@@ -148,6 +149,17 @@ def _inductor_temperature_form(z: Node, dim: int) -> tuple[Node, float]:
     if not _is_all_finite(mask, s2, dim):
         raise Refuse(f"{z.name}: the where's condition is not Inductor's all-finite test of {s2.name}")
     return s2, c2
+
+
+def _check_subtracts_in_floats(branch: Node) -> None:
+    """Refuse a first branch that subtracts the row maximum in an integer dtype: for integer logits
+    Inductor's form computes x * sign - max in x's dtype, which wraps (int8: -128 - 100 = 28), so its z
+    is no max-subtracted softmax input (the values taken from it would be wrong, and Inductor's own
+    token is)."""
+    found = next((n for n in (branch, *branch.all_input_nodes) if _plain_sub(n)), None)
+    value = fake_tensor(found) if found is not None else None
+    if value is not None and not value.dtype.is_floating_point:
+        raise Refuse(f"{branch.name}: Inductor's temperature form subtracts the row maximum in {value.dtype}, which wraps")
 
 
 def _is_signed_temperature(branch: Node, scaled: Node, dim: int) -> bool:
@@ -164,8 +176,10 @@ def _is_signed_temperature(branch: Node, scaled: Node, dim: int) -> bool:
     if sign is None or not is_call(divisor, aten.mul.Tensor) or set(divisor.args) != {sign, t} or len(set(s1.args)) != 2:
         return False
     a = next(arg for arg in s1.args if arg is not sign)
-    base, _, _, tensor = peel_scaled_logits(scaled, dim)
-    return isinstance(a, Node) and tensor is not None and tensor.node is t and tensor.op == op and peel_logits(a)[0] is base
+    if not isinstance(a, Node):
+        return False
+    base, _, factor, tensor = peel_scaled_logits(scaled, dim)
+    return tensor is not None and tensor.node is t and tensor.op == op and peel_logits(a)[0::2] == (base, factor)
 
 
 def _sign_of(w: Any) -> Node | None:
