@@ -458,6 +458,22 @@ def test_a_host_read_used_as_an_index_is_a_host_sync_error():
     assert info.value.where == _line("item index")
 
 
+def _confidence_of_the_first_row(weight, tok):
+    probs = torch.softmax(weight[tok], -1)
+    token = probs.argmax(-1)
+    return probs[0, token[0]]  # <- 0-d index
+
+
+def test_a_zero_dim_tensor_index_is_a_host_sync_used_as_an_int():
+    # HF assisted generation's confidence check indexes the probabilities with a 0-d tensor,
+    # probs[0, token[0]]: Dynamo reads it on the host ("Could not extract specialized integer"), which
+    # was reported as a data-dependent size with a padding fix
+    with pytest.raises(HostSyncError, match="used as a Python int") as info:
+        draft_loop(_confidence_of_the_first_row)(torch.randn(16, 16), torch.tensor([1, 2]))
+    assert info.value.where == _line("0-d index")
+    assert "x[0, t[:1]]" in info.value.fix
+
+
 def _try_matmul(t):
     try:
         r = t @ torch.ones(5, 5)  # <- caught

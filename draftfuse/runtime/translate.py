@@ -35,6 +35,7 @@ _BRANCH_FIX = "compute both sides and pick with torch.where (or use torch.cond):
 _UNBOUND = re.compile(r"failed to bind arguments|argument mismatch", re.I)  # a call whose arguments do not bind
 FOLD_LOOP_CALL = "_df_loop_("  # how fold's generated composition calls the loop (a line of its source)
 _DECISION = re.compile(r"guard on data-dependent expression", re.I)
+_AS_INT = re.compile(r"extract specialized integer from data-dependent expression", re.I)  # x[t[0]], int(t), range(t)
 _INFERENCE_VERSION = re.compile(r"version_counter for inference tensor")  # torch 2.11-2.13 under inference_mode
 
 
@@ -132,6 +133,8 @@ def from_exception(exc: BaseException, first_host_read: str = "") -> DraftCaptur
             return HostSyncError(f"a Python decision (an if, bool(), a comparison) on a value{read} from a tensor: the "
                                  "host would wait for the device", where=_location(exc) or first_host_read, fix=_BRANCH_FIX)
         title = first_line(str(exc), type(exc).__name__)
+        if _AS_INT.search(str(exc)):
+            return _used_as_an_int(title, _location(exc) or first_host_read)
         return _classify(f"data-dependent value read on the host ({title})", "", _location(exc), first_host_read)
     if isinstance(exc, (torch._dynamo.exc.Unsupported, torch._dynamo.exc.UserError)):
         text = str(getattr(exc, "msg", "") or exc)
@@ -175,12 +178,17 @@ def from_exception(exc: BaseException, first_host_read: str = "") -> DraftCaptur
                 "condition before the op instead",
         )
     if isinstance(exc, (IndexError, TypeError)) and "SymInt" in str(exc) and _location(exc):
-        return HostSyncError(  # a host read used where Python needs an int (an index, a range)
-            f"a value read from a tensor is used as a Python int: {first_line(str(exc), type(exc).__name__)}",
-            where=_location(exc),
-            fix="keep it a tensor (index with the tensor itself: t[0, idx] with idx a tensor, or torch.gather)",
-        )
+        return _used_as_an_int(first_line(str(exc), type(exc).__name__), _location(exc))
     return None
+
+
+def _used_as_an_int(detail: str, where: str) -> HostSyncError:
+    """A value read from a tensor used where Python needs an int: an index (x[t[0]], x[t.item()]), a range."""
+    return HostSyncError(
+        f"a value read from a tensor is used as a Python int (an index such as x[0, t[0]], int(t), range(t)): {detail}",
+        where=where,
+        fix="keep it a tensor (index with a tensor of one or more dims: x[0, t[:1]], or torch.gather)",
+    )
 
 
 def _is_inductor_error(exc: BaseException) -> bool:
