@@ -124,7 +124,8 @@ def _kernel_choice(m: Match, wants_values: bool, lowering: str) -> tuple[bool, s
         (m.needs_grad, "the probabilities require grad (the kernels have no backward)"),
         (m.tensor_scale is not None and _scale_rows_shape(m) is None, "the temperature is not one value per row of the logits"),
         # 1 / t in float32 can round to 0 or inf (t = 1e50) and x * s tie where x / t in float64 does not
-        (m.tensor_scale is not None and fake_tensor(m.tensor_scale.at).dtype == torch.float64, "the logits are scaled in float64, the kernels scale in float32"),
+        (m.tensor_scale is not None and fake_tensor(m.tensor_scale.at).dtype == torch.float64,
+         "the logits are scaled in float64, the kernels scale in float32"),
         # the kernels' probabilities are softmax(x * scale): a constant temperature is not passed to them
         (wants_values and m.factor != 1.0, "values under a constant temperature"),
         (wants_values and m.prob_dtype == torch.float64, "the kernels' probabilities are float32"),
