@@ -137,15 +137,12 @@ def _inductor_temperature_form(z: Node, dim: int) -> tuple[Node, float]:
     mask, first, second = z.args
     s2, c2 = _scaled_max_subtracted(second, dim)
     _check_subtracts_in_floats(first)
-    if _is_signed_temperature(first, s2, dim):
-        if not _is_all_finite(mask, s2, dim):
-            raise Refuse(f"{z.name}: the where's condition is not Inductor's all-finite test of {s2.name}")
-        return s2, c2
-    s1, c1 = _scaled_max_subtracted(first, dim)
-    base1, _, f1 = peel_logits(s1)
-    base2, _, f2 = peel_logits(s2)
-    if base1 is not base2 or c1 * f1 != c2 * f2:
-        raise Refuse(f"{z.name}: the two branches of the where scale the logits differently ({c1 * f1} and {c2 * f2})")
+    if not _is_signed_temperature(first, s2, dim):
+        s1, c1 = _scaled_max_subtracted(first, dim)
+        base1, _, f1 = peel_logits(s1)
+        base2, _, f2 = peel_logits(s2)
+        if base1 is not base2 or c1 * f1 != c2 * f2:
+            raise Refuse(f"{z.name}: the two branches of the where scale the logits differently ({c1 * f1} and {c2 * f2})")
     if not _is_all_finite(mask, s2, dim):
         raise Refuse(f"{z.name}: the where's condition is not Inductor's all-finite test of {s2.name}")
     return s2, c2
