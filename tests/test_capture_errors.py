@@ -474,6 +474,18 @@ def test_a_zero_dim_tensor_index_is_a_host_sync_used_as_an_int():
     assert "x[0, t[:1]]" in info.value.fix
 
 
+def _split_by_a_count(x):
+    return torch.split(x, x[0].nonzero().shape[0], dim=1)[0]  # <- count as a size
+
+
+def test_a_data_dependent_size_keeps_the_padding_fix_not_the_index_one():
+    # the same "Could not extract specialized integer" from a size (size-like symbols): padding fits, gather does not
+    with pytest.raises(HostSyncError, match="data-dependent value read on the host") as info:
+        draft_loop(_split_by_a_count)(torch.randn(2, 8))
+    assert info.value.where == _line("count as a size")
+    assert "pad to a static size" in info.value.fix
+
+
 def _try_matmul(t):
     try:
         r = t @ torch.ones(5, 5)  # <- caught

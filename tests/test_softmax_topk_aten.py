@@ -196,6 +196,14 @@ class GraphModule(torch.nn.Module):
         return (reciprocal_default, argmax_default, round_to_default, argmax_default_1)
 """)
 
+    def test_the_probs_ones_note_comes_with_a_rewrite_only(self):
+        """A post-grad graph after the Dynamo level rewrote its selections has none left: the note on
+        probs="ones" was repeated in its report of nothing."""
+        rec = compile_with_pass(lambda x: torch.softmax(x, -1).topk(1), torch.randn(4, 64), probs="ones")
+        self.assertTrue(any('probs="ones"' in note for note in rec.last_report.notes), str(rec.last_report))
+        rec = compile_with_pass(lambda x: x.topk(1), torch.randn(4, 64), probs="ones")
+        self.assertEqual((rec.last_report.rewrites, rec.last_report.notes), ([], []), str(rec.last_report))
+
     def test_probs_ones_and_softmax_kept(self):
         def f(x):
             p = torch.softmax(x, -1)
@@ -417,8 +425,8 @@ class AtenRecognisers(TestCase):
     def test_signed_temperature_forms_with_one_piece_off_are_not_rewritten(self):
         """Inductor's where form for softmax(x / t), spelled by hand (make_fx keeps it as written) with one
         piece off: the sign of another tensor or of t - 1, the divisor, the scaled branch or the signed
-        branch another tensor's, a signed branch of 2 * x (the order of x / t, other values: the kernels'
-        would differ), a temperature that varies along the row. The spelling with nothing off is
+        branch another tensor's, a signed branch of 2 * x or a second branch times 2 (the order of x / t,
+        other values: the kernels' would differ), a temperature that varies along the row. The spelling with nothing off is
         rewritten and selects as the graph does."""
         from torch.fx.experimental.proxy_tensor import make_fx
 
@@ -430,7 +438,7 @@ class AtenRecognisers(TestCase):
             a = {"signed branch of another": x.flip(-1), "signed branch scaled": x * 2.0}.get(off, x) * w
             first = (a - a.amax(-1, keepdim=True)) / (w * (other if off == "divisor" else t))
             s = x / (other if off == "scaled branch" else t)
-            second = s - s.amax(-1, keepdim=True)
+            second = (s - s.amax(-1, keepdim=True)) * (2.0 if off == "second branch scaled" else 1.0)
             finite = torch.logical_not(torch.any(torch.logical_not((s == s) * (s.abs() != float("inf"))), -1, keepdim=True))
             e = torch.where(finite, first, second).exp()
             return (e / e.sum(-1, keepdim=True)).argmax(-1)
@@ -440,7 +448,7 @@ class AtenRecognisers(TestCase):
         t = torch.tensor([[0.5], [-0.5], [2.0], [-3.0], [0.7], [-1.0]])
         other = torch.tensor([[-2.0], [0.25], [-1.0], [3.0], [-0.7], [1.5]])
         per_entry = torch.randn(6, 32, generator=gen)
-        cases = [("nothing", t), ("sign of another", t), ("sign of t - 1", t), ("divisor", t), ("scaled branch", t), ("signed branch of another", t), ("signed branch scaled", t), ("nothing", per_entry)]
+        cases = [("nothing", t), ("sign of another", t), ("sign of t - 1", t), ("divisor", t), ("scaled branch", t), ("signed branch of another", t), ("signed branch scaled", t), ("second branch scaled", t), ("nothing", per_entry)]
         for off, temperature in cases:
             gm = make_fx(functools.partial(signed_form, off=off), tracing_mode="fake")(x, temperature, other)
             result = rewrite_softmax_topk(gm)

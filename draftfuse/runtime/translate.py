@@ -35,7 +35,8 @@ _BRANCH_FIX = "compute both sides and pick with torch.where (or use torch.cond):
 _UNBOUND = re.compile(r"failed to bind arguments|argument mismatch", re.I)  # a call whose arguments do not bind
 FOLD_LOOP_CALL = "_df_loop_("  # how fold's generated composition calls the loop (a line of its source)
 _DECISION = re.compile(r"guard on data-dependent expression", re.I)
-_AS_INT = re.compile(r"extract specialized integer from data-dependent expression", re.I)  # x[t[0]], int(t), range(t)
+# x[0, t[0]] with t[0] a 0-d tensor; with size-like symbols it is a data-dependent size (split(x, n_nonzero))
+_AS_INT = re.compile(r"extract specialized integer from data-dependent expression.*Size-like symbols: none", re.I | re.S)
 _INFERENCE_VERSION = re.compile(r"version_counter for inference tensor")  # torch 2.11-2.13 under inference_mode
 
 
@@ -183,9 +184,9 @@ def from_exception(exc: BaseException, first_host_read: str = "") -> DraftCaptur
 
 
 def _used_as_an_int(detail: str, where: str) -> HostSyncError:
-    """A value read from a tensor used where Python needs an int: an index (x[t[0]], x[t.item()]), a range."""
+    """A value read from a tensor used where Python needs an int: an index (x[0, t[0]], x[t.item()])."""
     return HostSyncError(
-        f"a value read from a tensor is used as a Python int (an index such as x[0, t[0]], int(t), range(t)): {detail}",
+        f"a value read from a tensor is used as a Python int (an index such as x[0, t[0]] or x[t.item()]): {detail}",
         where=where,
         fix="keep it a tensor (index with a tensor of one or more dims: x[0, t[:1]], or torch.gather)",
     )

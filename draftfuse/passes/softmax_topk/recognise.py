@@ -137,7 +137,7 @@ def _inductor_temperature_form(z: Node, dim: int) -> tuple[Node, float]:
     mask, first, second = z.args
     s2, c2 = _scaled_max_subtracted(second, dim)
     _check_subtracts_in_floats(first)
-    if not _is_signed_temperature(first, s2, dim):
+    if not (c2 == 1.0 and _is_signed_temperature(first, s2, dim)):  # Inductor's second branch is s' - max(s')
         s1, c1 = _scaled_max_subtracted(first, dim)
         base1, _, f1 = peel_logits(s1)
         base2, _, f2 = peel_logits(s2)

@@ -277,7 +277,7 @@ def rewrite_graph(graph: torch.fx.Graph, *, probs: str = "exact", lowering: str 
     rewrite_selections(graph, report, log, match_one, apply)
     if level == "aten":
         graph.eliminate_dead_code()  # post-grad graphs are functional: safe here, and only here
-    if probs == "ones":
+    if probs == "ones" and report.rewrites:  # not on a graph without one (post-grad, after the Dynamo level's)
         report.notes.append('probs="ones": k = 1 values are the constant 1 (0 for log_softmax) where no gradient flows through them (after decomposition, with static shapes only); each rewrite says which it emitted')
     if any(" probabilities: a rounding tie" in r.detail for r in report.rewrites):
         report.notes.append('selections that read fp16/bf16 probabilities were rewritten; half_probs="keep" leaves them')
