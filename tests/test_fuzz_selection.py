@@ -35,6 +35,8 @@ RUNS = {
     "kernels": hyp.Run(PROGRAMS, selection.check_dynamo, ci=100, slow=2000, options={"lowering": "kernels"}),
     "aten": hyp.Run(PROGRAMS, selection.check_aten, ci=60, slow=2000),
     "handwritten": hyp.Run(HANDWRITTEN, selection.check_handwritten, ci=250, slow=2000),
+    # the kernels compute their own values: a form whose branches scale differently shows there
+    "handwritten_kernels": hyp.Run(HANDWRITTEN, selection.check_handwritten, ci=100, slow=2000, options={"lowering": "kernels"}),
     "pipeline": hyp.Run(PROGRAMS, selection.check_pipeline, ci=40, slow=2000, shrink=False, marks=(needs_pipeline,)),
     "backend": hyp.Run(PROGRAMS, selection.check_backend, ci=4, slow=40, shrink=False),
 }

@@ -3,6 +3,7 @@
     python -m tests.fuzz.run selection dynamo --count 3000 --out /tmp/sel.jsonl
     python -m tests.fuzz.run selection aten --count 1000
     python -m tests.fuzz.run handwritten handwritten --count 500
+    python -m tests.fuzz.run handwritten kernels --count 500        # lowering="kernels" (their torch reference on a CPU)
     python -m tests.fuzz.run seed_fold pass --count 3000
     python -m tests.fuzz.run seed_fold pipeline --count 1000   # draftfuse.testing.draft_graphs
     python -m tests.fuzz.run seed_fold fold --count 40
@@ -35,7 +36,8 @@ def _table(module):
         "selection": (selection.generate, {"dynamo": selection.check_dynamo, "aten": selection.check_aten, "backend": selection.check_backend, "pipeline": selection.check_pipeline,
                                            "expect": lambda p: selection.check_dynamo(p, expect_rewrites=True),
                                            "kernels": lambda p: selection.check_dynamo(p, lowering="kernels")}, selection.CaptureUnsupported),
-        "handwritten": (selection.generate_handwritten, {"handwritten": selection.check_handwritten}, selection.CaptureUnsupported),
+        "handwritten": (selection.generate_handwritten, {"handwritten": selection.check_handwritten,
+                                                         "kernels": lambda p: selection.check_handwritten(p, lowering="kernels")}, selection.CaptureUnsupported),
     } if hasattr(module, "check_dynamo") else {
         "seed_fold": (seed_fold.generate, {"pass": seed_fold.check_pass, "pipeline": seed_fold.check_pipeline, "fold": seed_fold.check_fold}, seed_fold.CaptureUnsupported),
     }
