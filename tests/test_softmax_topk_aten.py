@@ -46,6 +46,13 @@ def compile_with_pass(fn, *args, **options):
     return recording
 
 
+def _stable_softmax(z):
+    """A softmax over the last dim written by hand: Inductor gives z = x / t its temperature form."""
+    z = z - z.amax(-1, keepdim=True)
+    e = z.exp()
+    return e / e.sum(-1, keepdim=True)
+
+
 class AtenRewrites(TestCase):
     def test_fp32_topk1_max_argmin_topk4(self):
         def f(x):
@@ -231,16 +238,10 @@ class GraphModule(torch.nn.Module):
         the selection following the sign of t in each row, the values those of the softmax."""
 
         def by_division(x, t):
-            z = x / t
-            z = z - z.amax(-1, keepdim=True)
-            e = z.exp()
-            return (e / e.sum(-1, keepdim=True)).topk(4)
+            return _stable_softmax(x / t).topk(4)
 
         def by_product_of_an_upcast(x, s):
-            z = s * x.float()
-            z = z - z.amax(-1, keepdim=True)
-            e = z.exp()
-            p = e / e.sum(-1, keepdim=True)
+            p = _stable_softmax(s * x.float())
             return p.argmax(-1), p.max(-1)
 
         x = torch.randn(6, 64, generator=torch.Generator().manual_seed(0))
@@ -265,10 +266,7 @@ class AtenRefusals(TestCase):
         its z is no softmax input, so values taken from it would be wrong (Inductor's own token is)."""
 
         def f(x, t):
-            z = x / t
-            z = z - z.amax(-1, keepdim=True)
-            e = z.exp()
-            return (e / e.sum(-1, keepdim=True)).max(-1)
+            return _stable_softmax(x / t).max(-1)
 
         rec, _ = compiled_with_pass(f, torch.tensor([[-128, 100, 0]], dtype=torch.int8), torch.tensor([[2.0]]))
         self.assertEqual(rec.last_report.rewrites, [], str(rec.last_report))
@@ -280,10 +278,7 @@ class AtenRefusals(TestCase):
         (every row then tied, index 0). The selection goes to torch's ops on the float64 values instead."""
 
         def f(x, t):
-            z = x / t
-            z = z - z.amax(-1, keepdim=True)
-            e = z.exp()
-            return (e / e.sum(-1, keepdim=True)).argmax(-1)
+            return _stable_softmax(x / t).argmax(-1)
 
         x = torch.randn(4, 32, generator=torch.Generator().manual_seed(0)) * 1e36
         t = torch.full((4, 1), 1e50, dtype=torch.float64)

@@ -79,7 +79,8 @@ def _aten_packet(name: str) -> torch._ops.OpOverloadPacket | None:
 
 
 def _overloads(node: Node) -> list[torch._ops.OpOverload] | None:
-    """The ATen overloads a call may run; None when the call resolves to no op."""
+    """The ATen overloads a call may run (not those taking a list where it passes a tensor); None when
+    the call resolves to no op."""
     target = node.target
     if isinstance(target, torch._ops.OpOverload):
         return [target]
@@ -93,7 +94,19 @@ def _overloads(node: Node) -> list[torch._ops.OpOverload] | None:
         packet = None
     if packet is None:
         return None
-    return [getattr(packet, overload) for overload in packet.overloads()]
+    overloads = [getattr(packet, overload) for overload in packet.overloads()]
+    return [overload for overload in overloads if not _wants_a_list_for_a_tensor(overload, node)]
+
+
+def _wants_a_list_for_a_tensor(overload: torch._ops.OpOverload, node: Node) -> bool:
+    """Whether the overload takes a list where the call passes one tensor, so the call cannot run it:
+    TorchScript's list overloads, such as sort.Tensor(Tensor(a!)[] self) and sort.int(int[](a!) self),
+    which write their list, are no `torch.sort(x)` or `x.sort()` (those write nothing)."""
+    for position, argument in enumerate(overload._schema.arguments):
+        value = _argument(node, position, argument)
+        if isinstance(argument.type, torch._C.ListType) and isinstance(value, Node) and isinstance(fake(value), torch.Tensor):
+            return True
+    return False
 
 
 def _is_plain_python(node: Node) -> bool:
@@ -168,23 +181,10 @@ def written_values(node: Node) -> list[Node] | None:
     # written argument apart (values, indices), so the lookup by name below misses them
     written += [a for a in tree_leaves(node.kwargs.get("out")) if isinstance(a, Node)]
     for overload in overloads:
-        if _wants_a_list_for_a_tensor(overload, node):
-            continue
         for position, argument in enumerate(overload._schema.arguments):
             if argument.alias_info is not None and argument.alias_info.is_write:
                 written += [a for a in tree_leaves(_argument(node, position, argument)) if isinstance(a, Node)]
     return list(dict.fromkeys(written))
-
-
-def _wants_a_list_for_a_tensor(overload: torch._ops.OpOverload, node: Node) -> bool:
-    """Whether the overload takes a list where the call passes one tensor, so the call cannot run it:
-    TorchScript's list overloads, such as sort.Tensor(Tensor(a!)[] self) and sort.int(int[](a!) self),
-    which write their list, are no `torch.sort(x)` or `x.sort()` (those write nothing)."""
-    for position, argument in enumerate(overload._schema.arguments):
-        value = _argument(node, position, argument)
-        if isinstance(argument.type, torch._C.ListType) and isinstance(value, Node) and isinstance(fake(value), torch.Tensor):
-            return True
-    return False
 
 
 def is_random(node: Node) -> bool:
