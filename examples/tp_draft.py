@@ -1,6 +1,6 @@
 """A tensor-parallel EAGLE-style draft head: the LM head is vocab-sharded, each rank holds 1/tp of its
-rows, and the head all-gathers the logits along the vocabulary before the draft's softmax + topk, as
-servers do. draftfuse's vocab_parallel pass makes each rank select on its own shard and gathers k
+rows, and the head all-gathers the logits along the vocabulary before the draft's softmax + topk (or,
+in the greedy draft, a bare argmax of the logits, as vLLM's proposer), as servers do. draftfuse's vocab_parallel pass makes each rank select on its own shard and gathers k
 candidates per rank (plus the softmax's max and exp-sum) instead of the [B, vocab] logits.
 
     torchrun --nproc-per-node 2 examples/tp_draft.py                                   # CPU, gloo, tiny, fp32
@@ -28,6 +28,7 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 from _common import MODE, _max_float_diff, _same_tokens, parse_args
+from _layers import causal_mask
 from eagle_head import EagleHead, _inputs, draft_chain, draft_tree
 from torch import nn
 
@@ -55,6 +56,19 @@ class GatheredLMHead(nn.Module):
         return funcol.all_gather_tensor(logits, logits.dim() - 1, dist.group.WORLD)
 
 
+def draft_greedy(head: EagleHead, token: torch.Tensor, hidden: torch.Tensor, pos: torch.Tensor, steps: int = 3):
+    """draft_chain as vLLM's EAGLE proposer spells it: the greedy token is `logits.argmax(dim=-1)` of the
+    gathered logits, with no softmax (localised as a bare selection)."""
+    cache_len = head.layer.attn.k_cache.shape[2]
+    tokens = []
+    for _ in range(steps + 1):
+        logits, hidden = head(token, hidden, pos, pos, causal_mask(cache_len, pos))
+        token = logits[:, -1].argmax(dim=-1, keepdim=True)
+        tokens.append(token)
+        pos = pos + 1
+    return torch.cat(tokens, dim=1)
+
+
 def _with_lm_head(head: EagleHead, lm_head: nn.Module) -> EagleHead:
     """The same head (same layers, same KV cache) with another LM head."""
     other = copy.copy(head)
@@ -68,7 +82,8 @@ def _add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--topk", type=int, default=4, help="tree width (default 4)")
     parser.add_argument("--prefix", type=int, help="tokens already in the head's cache (default: half of it)")
     parser.add_argument("--nproc", type=int, default=2, help="ranks to spawn when not started by torchrun (CPU)")
-    parser.add_argument("--drafts", nargs="+", choices=["chain", "tree"], default=["chain", "tree"], help="which drafts (default both)")
+    parser.add_argument("--drafts", nargs="+", choices=["chain", "tree", "greedy"], default=["chain", "tree", "greedy"],
+                        help="which drafts (default all: greedy is the chain with a bare argmax, as vLLM's proposer)")
 
 
 def _check_and_time(label: str, draft, inputs: tuple, reference_inputs: tuple, kwargs: dict, args) -> dict:
@@ -124,6 +139,7 @@ def run_rank(argv: list[str] | None = None) -> dict:
     drafts = {
         "chain": (f"tp eagle head, chain: seed + {args.steps} steps, topk 1", draft_chain, {"steps": args.steps}),
         "tree": (f"tp eagle head, tree: seed + {args.steps} levels, topk {args.topk}", draft_tree, {"steps": args.steps, "k": args.topk}),
+        "greedy": (f"tp eagle head, greedy chain (logits.argmax): seed + {args.steps} steps", draft_greedy, {"steps": args.steps}),
     }
     return {
         name: _check_and_time(label, draft, (sharded, token, hidden, pos), (one_process, token, hidden, pos), kwargs, args)

@@ -98,6 +98,11 @@ SELECTIONS: dict[str, Callable] = {
     "last_row_topk2": lambda full: torch.softmax(full[:, -1].float(), dim=-1).topk(2, dim=-1),
     "padded_topk2": lambda full: torch.softmax(full[..., : full.shape[-1] - 3], dim=-1).topk(2, dim=-1),
     "padded_argmax": lambda full: torch.softmax(full[..., : full.shape[-1] - 3].float(), dim=-1).max(dim=-1, keepdim=True),
+    # bare selections of the gathered logits, no softmax (vLLM's greedy draft: logits.argmax(dim=-1))
+    "bare_argmax": lambda full: full.argmax(dim=-1),
+    "bare_topk4_scaled": lambda full: (full.float() * -0.5).topk(4, dim=-1),
+    "bare_padded_max": lambda full: full[..., : full.shape[-1] - 3].max(dim=-1),
+    "bare_padded_negated_topk2": lambda full: (full[..., : full.shape[-1] - 3] * -1.0).topk(2, dim=-1),
 }
 
 
@@ -234,6 +239,12 @@ def case_specs() -> dict[str, CaseSpec]:
         "gather_dim-topk1_dtype-probs_ones": ("gather_dim", "topk1_dtype", "random", "dynamo", {"probs": "ones"}),
         "gather_dim-topk4-kernels-ties": ("gather_dim", "topk4", "ties", "dynamo", {"lowering": "kernels"}),
         "chunk_cat-argmax-kernels-special-aten": ("chunk_cat", "argmax", "special", "aten", {"lowering": "kernels"}),
+        "gather_dim-bare_argmax-special": ("gather_dim", "bare_argmax", "special", "dynamo", {}),
+        "chunk_cat-bare_argmax-special_bf16-aten": ("chunk_cat", "bare_argmax", "special_bf16", "aten", {}),
+        "view_permute-bare_topk4_scaled": ("view_permute", "bare_topk4_scaled", "random", "dynamo", {}),
+        "dtensor_full-bare_topk4_scaled-aten": ("dtensor_full", "bare_topk4_scaled", "random", "aten", {}),
+        "gather_dim-bare_padded_max-aten": ("gather_dim", "bare_padded_max", "padded", "aten", {}),
+        "chunk_cat-bare_padded_negated_topk2": ("chunk_cat", "bare_padded_negated_topk2", "padded", "dynamo", {}),
     }
     return specs
 
@@ -260,7 +271,7 @@ def run_case(name: str, spec: CaseSpec) -> str:
     want = select(full)
     if options.get("probs") == "ones":
         want = (torch.ones_like(want[0]), want[1])
-    k = _leaves(want)[-1].shape[-1] if selection.startswith(("topk", "log_topk", "last_row", "padded_topk")) else 1
+    k = _leaves(want)[-1].shape[-1] if selection.startswith(("topk", "log_topk", "last_row", "padded_topk", "bare_topk")) else 1
     reference = full[..., : full.shape[-1] - 3] if kind == "padded" else full
     if kind == "random3d":
         reference = full[:, -1]
@@ -333,6 +344,39 @@ def _fold() -> str:
     one_process = make(head, lambda logits: logits)
     want = one_process[1](*one_process[0](hidden))
     rewrites = [r for record in draft.draft.compiles for rep in record.reports if rep.pass_name == "vocab_parallel" for r in rep.rewrites]
+    if len(rewrites) != 3:
+        return f"{len(rewrites)} localised selections, expected 3"
+    return "" if torch.equal(got, want) else f"tokens differ:\n{got}\n{want}"
+
+
+def _vllm_greedy_eagle() -> str:
+    """A greedy EAGLE chain as vLLM's proposer writes it, under draft_loop (Inductor on the CPU): each step
+    its LogitsProcessor all-gathers the vocab-parallel head's logits and drops the padding
+    ([..., :org_vocab_size]), then takes logits.argmax(dim=-1), no softmax; tokens equal the one-process
+    draft on the full head, every step localised."""
+    import draftfuse
+
+    world, rank = dist.get_world_size(), dist.get_rank()
+    generator = torch.Generator().manual_seed(11)
+    vocab = world * S - 3  # the head is padded to tp * S rows
+    head, embed = torch.randn(world * S, 8, generator=generator), torch.randn(vocab, 8, generator=generator)
+    hidden, token = torch.randn(B, 8, generator=generator), torch.randint(0, vocab, (B,), generator=generator)
+
+    def make(weight, gather):
+        def propose(hidden, token):
+            tokens = []
+            for _ in range(3):
+                hidden = torch.tanh(hidden + embed[token])
+                logits = gather(hidden @ weight.T)[..., :vocab]
+                token = logits.argmax(dim=-1)
+                tokens.append(token)
+            return torch.stack(tokens, dim=1)
+
+        return propose
+
+    draft = draftfuse.draft_loop(make(head.chunk(world)[rank].contiguous(), gather_dim))
+    got, want = draft(hidden, token), make(head, lambda logits: logits)(hidden, token)
+    rewrites = [r for record in draft.compiles for rep in record.reports if rep.pass_name == "vocab_parallel" for r in rep.rewrites]
     if len(rewrites) != 3:
         return f"{len(rewrites)} localised selections, expected 3"
     return "" if torch.equal(got, want) else f"tokens differ:\n{got}\n{want}"
@@ -412,13 +456,24 @@ def _gathered_into_a_list() -> str:
     return "" if torch.equal(got.indices, want.indices) else f"tokens {got.indices.tolist()} vs {want.indices.tolist()}"
 
 
+def _bare_fuzz() -> str:
+    """tests/fuzz/vocab_parallel.py's programs, seeds from DRAFTFUSE_BARE_FUZZ ("start:count", default 0:40)."""
+    from tests.fuzz.vocab_parallel import run_seeds
+
+    start, count = map(int, os.environ.get("DRAFTFUSE_BARE_FUZZ", "0:40").split(":"))
+    return run_seeds(start, count)
+
+
 EXTRA_CASES: dict[str, Callable[[], str]] = {
+    "bare_fuzz": _bare_fuzz,
     "gathered_into_a_list": _gathered_into_a_list,
     "dtensor_full-grad": _dtensor_grad,
     "dtensor-draft_loop": _dtensor_draft_loop,
     "fold-chain": _fold,
+    "vllm_greedy_eagle-draft_loop": _vllm_greedy_eagle,
     "example-draft_loop-chain": lambda: _example("chain"),
     "example-draft_loop-tree": lambda: _example("tree"),
+    "example-draft_loop-greedy": lambda: _example("greedy"),
 }
 
 

@@ -297,6 +297,78 @@ class GraphModule(torch.nn.Module):
   tests/test_vocab_parallel_graphs.py:280: all_gather+softmax+topk(k=1) -> local draftfuse.argmax_prob + all_gather of 2 numbers per row (tp 2, group '0', dim 1, 8 entries per shard; probabilities 1 (probs='ones')) [out, tensor, res, copy_, view, movedim, reshape, softmax, topk]
   note: each rank selects on its own shard; one all_gather carries k candidates (and the softmax's max and exp-sum) per rank""")
 
+    def test_a_bare_argmax_of_padded_gathered_logits(self):
+        """vLLM's greedy EAGLE draft: its LogitsProcessor all-gathers the vocab-parallel LM head's logits and
+        drops the padding ([..., :org_vocab_size]); the proposer takes logits.argmax(dim=-1), no softmax. It
+        was left gathering the full logits, with no word."""
+
+        def draft(x):
+            logits = _tp.gather_dim(x)[..., :13]
+            return logits.argmax(dim=-1)
+
+        before, after, report = self.rewrite(draft, X)
+        self.assertExpectedInline(local_part(after), """\
+class GraphModule(torch.nn.Module):
+    def forward(self, L_x_: "f32[3, 8]"):
+        l_x_ = L_x_
+
+        arange: "i64[8]" = torch.arange(8, device = device(type='cpu'))
+        ge: "b8[8]" = torch.ge(arange, 8);  arange = None
+        masked_fill: "f32[3, 8]" = l_x_.masked_fill(ge, -inf);  l_x_ = ge = None
+        argmax_1: "i64[3, 1]" = torch.argmax(masked_fill, dim = 1, keepdim = True)
+        gather: "f32[3, 1]" = torch.gather(masked_fill, dim = 1, index = argmax_1);  masked_fill = None
+        to: "f32[3, 1]" = argmax_1.to(torch.float32);  argmax_1 = None
+        cat: "f32[3, 2]" = torch.cat([gather, to], 1);  gather = to = None
+        all_gather_into_tensor: "f32[6, 2]" = torch.ops._c10d_functional.all_gather_into_tensor(cat, 2, '0');  cat = None""")
+        self.assertIn("argmax", after.split("all_gather_into_tensor")[-1])  # the merge
+        self.assertExpectedInline(report, """\
+[vocab_parallel] 1 rewrite, 0 refusals
+  tests/test_vocab_parallel_graphs.py:307: all_gather+argmax(k=1) -> local argmax + all_gather of 2 numbers per row (tp 2, group '0', dim 1, 8 entries per shard; padded vocabulary: 13 real of 16, the rest masked) [tensor, res, chunk, getitem, getitem_1, res_1, logits, argmax]
+  note: each rank selects on its own shard; one all_gather carries k candidates (and the softmax's max and exp-sum) per rank""")
+
+    def test_a_bare_topk_and_max_through_a_cast_and_a_scale(self):
+        """topk and max of the gathered logits themselves, their values read: each rank replays the cast
+        and the constant scale on its shard; the values are the chosen logits, in the selection's dtype."""
+
+        def topk(x):
+            return (_tp.gather_dim(x.bfloat16()).float() * -0.5).topk(3, dim=-1)
+
+        def max_post_grad(x):
+            return _tp.gather_dim(x).max(dim=-1)
+
+        before, after, report = self.rewrite(topk, X)
+        self.assertExpectedInline(local_part(after), """\
+class GraphModule(torch.nn.Module):
+    def forward(self, L_x_: "f32[3, 8]"):
+        l_x_ = L_x_
+
+        bfloat16: "bf16[3, 8]" = l_x_.bfloat16();  l_x_ = None
+        float_2: "f32[3, 8]" = bfloat16.float();  bfloat16 = None
+        mul_1: "f32[3, 8]" = float_2 * -0.5;  float_2 = None
+        topk_1 = torch.topk(mul_1, k = 3, dim = 1, largest = True, sorted = True);  mul_1 = None
+        getitem_4: "f32[3, 3]" = topk_1[0]
+        getitem_5: "i64[3, 3]" = topk_1[1];  topk_1 = None
+        to: "f32[3, 3]" = getitem_5.to(torch.float32);  getitem_5 = None
+        cat: "f32[3, 6]" = torch.cat([getitem_4, to], 1);  getitem_4 = to = None
+        all_gather_into_tensor: "f32[6, 6]" = torch.ops._c10d_functional.all_gather_into_tensor(cat, 2, '0');  cat = None""")
+        self.assertExpectedInline(report, """\
+[vocab_parallel] 1 rewrite, 0 refusals
+  tests/test_vocab_parallel_graphs.py:334: all_gather+topk(k=3) -> local topk + all_gather of 6 numbers per row (tp 2, group '0', dim 1, 8 entries per shard; values: the chosen logits) [tensor, res, chunk, getitem, getitem_1, res_1, float_1, mul, topk]
+  note: each rank selects on its own shard; one all_gather carries k candidates (and the softmax's max and exp-sum) per rank""")
+        _, after, report = _tp.aten_graphs(max_post_grad, X)
+        self.assertExpectedInline(local_part(after), """\
+class <lambda>(torch.nn.Module):
+    def forward(self, arg0_1: "f32[3, 8]"):
+        argmax_default: "i64[3, 1]" = torch.ops.aten.argmax.default(arg0_1, 1, True)
+        gather_default: "f32[3, 1]" = torch.ops.aten.gather.default(arg0_1, 1, argmax_default);  arg0_1 = None
+        convert_element_type_default: "f32[3, 1]" = torch.ops.prims.convert_element_type.default(argmax_default, torch.float32);  argmax_default = None
+        cat_default: "f32[3, 2]" = torch.ops.aten.cat.default([gather_default, convert_element_type_default], 1);  gather_default = convert_element_type_default = None
+        all_gather_into_tensor_default: "f32[6, 2]" = torch.ops._c10d_functional.all_gather_into_tensor.default(cat_default, 2, '0');  cat_default = None""")
+        self.assertExpectedInline(report.format(nodes=True), """\
+[vocab_parallel (post-grad)] 1 rewrite, 0 refusals
+  tests/test_vocab_parallel_graphs.py:337: all_gather+max(k=1) -> local argmax + all_gather of 2 numbers per row (tp 2, group '0', dim 1, 8 entries per shard; values: the chosen logits) [all_gather_into_tensor, wait_tensor, split, getitem, getitem_1, cat, max_1]
+  note: each rank selects on its own shard; one all_gather carries k candidates (and the softmax's max and exp-sum) per rank""")
+
     def test_pipeline_runs_it_before_softmax_topk(self):
         def draft(x):
             return torch.softmax(_tp.gather_dim(x), dim=-1).topk(2, dim=-1)
@@ -322,7 +394,7 @@ class Refusals(_FakeGroup):
 
         self.assertExpectedInline(self.refusal(draft, X), """\
 [vocab_parallel] 0 rewrites, 1 refusal
-  tests/test_vocab_parallel_graphs.py:321: refused: the gathered logits have other users: res_1 is also read by output [topk]""")
+  tests/test_vocab_parallel_graphs.py:393: refused: the gathered logits have other users: res_1 is also read by output [topk]""")
 
     def test_uneven_dtensor_shards(self):
         from torch.distributed.tensor import DTensor, Shard
@@ -335,7 +407,7 @@ class Refusals(_FakeGroup):
 
         self.assertExpectedInline(self.refusal(draft, X), """\
 [vocab_parallel] 0 rewrites, 1 refusal
-  tests/test_vocab_parallel_graphs.py:334: refused: uneven shards: 15 entries over 2 ranks (DTensor pads the last shards); not proven even [argmax]""")
+  tests/test_vocab_parallel_graphs.py:406: refused: uneven shards: 15 entries over 2 ranks (DTensor pads the last shards); not proven even [argmax]""")
 
     def test_padded_vocabulary_without_a_known_mask(self):
         def draft(x):
@@ -346,10 +418,10 @@ class Refusals(_FakeGroup):
 
         self.assertExpectedInline(self.refusal(draft, X), """\
 [vocab_parallel] 0 rewrites, 1 refusal
-  tests/test_vocab_parallel_graphs.py:342: refused: a padded vocabulary without a known mask: getitem_2 slices the vocabulary [1:None:None] [argmax]""")
+  tests/test_vocab_parallel_graphs.py:414: refused: a padded vocabulary without a known mask: getitem_2 slices the vocabulary [1:None:None] [argmax]""")
         self.assertExpectedInline(self.refusal(masked, X, torch.zeros(16, dtype=torch.bool)), """\
 [vocab_parallel] 0 rewrites, 1 refusal
-  tests/test_vocab_parallel_graphs.py:345: refused: a padded vocabulary without a known mask: masked_fill masks the gathered logits with a tensor [argmax]""")
+  tests/test_vocab_parallel_graphs.py:417: refused: a padded vocabulary without a known mask: masked_fill masks the gathered logits with a tensor [argmax]""")
 
     def test_process_group_not_identified(self):
         def draft(x):
@@ -362,7 +434,7 @@ class Refusals(_FakeGroup):
         result = rewrite_vocab_parallel(gm)
         self.assertExpectedInline(result.report.format(nodes=True), """\
 [vocab_parallel] 0 rewrites, 1 refusal
-  tests/test_vocab_parallel_graphs.py:356: refused: process group 'no-such-group' cannot be identified in this process (RuntimeError) [argmax]""")
+  tests/test_vocab_parallel_graphs.py:428: refused: process group 'no-such-group' cannot be identified in this process (RuntimeError) [argmax]""")
 
     def test_symbolic_shapes(self):
         def draft(x):
@@ -378,7 +450,7 @@ class Refusals(_FakeGroup):
         torch.compile(draft, backend=backend, fullgraph=True, dynamic=True)(X)
         self.assertExpectedInline(rewrite_vocab_parallel(graphs[0]).report.format(nodes=True), """\
 [vocab_parallel] 0 rewrites, 1 refusal
-  tests/test_vocab_parallel_graphs.py:369: refused: res has no static shape: the shards cannot be proven even [argmax]""")
+  tests/test_vocab_parallel_graphs.py:441: refused: res has no static shape: the shards cannot be proven even [argmax]""")
 
     def test_k_larger_than_a_shard_and_the_wrong_dim(self):
         def large_k(x):
@@ -391,10 +463,10 @@ class Refusals(_FakeGroup):
 
         self.assertExpectedInline(self.refusal(large_k, X), """\
 [vocab_parallel] 0 rewrites, 1 refusal
-  tests/test_vocab_parallel_graphs.py:385: refused: k=9 is larger than one shard (8 entries) [topk]""")
+  tests/test_vocab_parallel_graphs.py:457: refused: k=9 is larger than one shard (8 entries) [topk]""")
         self.assertExpectedInline(self.refusal(batch_gathered, X), """\
 [vocab_parallel] 0 rewrites, 1 refusal
-  tests/test_vocab_parallel_graphs.py:390: refused: the shards are concatenated along dim 0, the softmax is over dim 1 [argmax]""")
+  tests/test_vocab_parallel_graphs.py:462: refused: the shards are concatenated along dim 0, the softmax is over dim 1 [argmax]""")
 
     def test_shards_out_of_order(self):
         def draft(x):
@@ -405,7 +477,7 @@ class Refusals(_FakeGroup):
 
         self.assertExpectedInline(self.refusal(draft, X), """\
 [vocab_parallel] 0 rewrites, 1 refusal
-  tests/test_vocab_parallel_graphs.py:404: refused: cat does not concatenate the shards of ranks 0..1 in order [argmax]""")
+  tests/test_vocab_parallel_graphs.py:476: refused: cat does not concatenate the shards of ranks 0..1 in order [argmax]""")
 
     def test_softmax_topk_rules_and_half_probs(self):
         def temperature(x, t):
@@ -416,10 +488,47 @@ class Refusals(_FakeGroup):
 
         self.assertExpectedInline(self.refusal(temperature, X, torch.tensor(0.7)), """\
 [vocab_parallel] 0 rewrites, 1 refusal
-  tests/test_vocab_parallel_graphs.py:412: refused: temperature l_t_ is a tensor: not localised (softmax_topk selects on the gathered logits) [argmax]""")
+  tests/test_vocab_parallel_graphs.py:484: refused: temperature l_t_ is a tensor: not localised (softmax_topk selects on the gathered logits) [argmax]""")
         self.assertExpectedInline(self.refusal(half, X, half_probs="keep"), """\
 [vocab_parallel] 0 rewrites, 1 refusal
-  tests/test_vocab_parallel_graphs.py:415: refused: reads half-precision probabilities and half_probs="keep" [topk]""")
+  tests/test_vocab_parallel_graphs.py:487: refused: reads half-precision probabilities and half_probs="keep" [topk]""")
+
+    def test_bare_selections_refused_with_the_reason(self):
+        """A bare selection of gathered logits that is not localised says why (it used to pass unreported)."""
+
+        def returns_logits(x):  # vLLM's spec decode keeps the logits for rejection sampling too
+            logits = _tp.gather_dim(x)
+            return logits.argmax(dim=-1), logits
+
+        def smallest(x):
+            return _tp.gather_dim(x).argmin(dim=-1)
+
+        def unsorted(x):
+            return _tp.gather_dim(x).topk(2, dim=-1, sorted=False)
+
+        def integers(x):
+            return _tp.gather_dim(x).long().argmax(dim=-1)
+
+        def written(x):
+            logits = _tp.gather_dim(x)
+            logits.mul_(2.0)
+            return logits.argmax(dim=-1)
+
+        self.assertExpectedInline(self.refusal(returns_logits, X), """\
+[vocab_parallel] 0 rewrites, 1 refusal
+  tests/test_vocab_parallel_graphs.py:501: refused: the gathered logits have other users: res_1 is also read by output [argmax]""")
+        self.assertExpectedInline(self.refusal(smallest, X), """\
+[vocab_parallel] 0 rewrites, 1 refusal
+  tests/test_vocab_parallel_graphs.py:504: refused: a smallest selection (argmin) of the gathered logits: not localised [argmin]""")
+        self.assertExpectedInline(self.refusal(unsorted, X), """\
+[vocab_parallel] 0 rewrites, 1 refusal
+  tests/test_vocab_parallel_graphs.py:507: refused: topk(sorted=False): its order is unspecified, a rewrite could permute it [topk]""")
+        self.assertExpectedInline(self.refusal(integers, X), """\
+[vocab_parallel] 0 rewrites, 1 refusal
+  tests/test_vocab_parallel_graphs.py:510: refused: a selection of torch.int64 values: not exact in a float payload [argmax]""")
+        self.assertExpectedInline(self.refusal(written, X), """\
+[vocab_parallel] 0 rewrites, 1 refusal
+  tests/test_vocab_parallel_graphs.py:515: refused: the gathered logits have other users: res_1 is also read by mul_ [argmax]""")
 
     def test_internal_error_is_a_refusal(self):
         from draftfuse.passes.vocab_parallel import emit

@@ -15,10 +15,14 @@ from tests import _tp
 
 pytestmark = pytest.mark.skipif(not (dist.is_available() and dist.is_gloo_available()), reason="needs torch.distributed with gloo")
 
-TWO = [*_tp.case_specs(), "example-draft_loop-chain", "fold-chain", "dtensor_full-grad", "dtensor-draft_loop", "gathered_into_a_list"]
+TWO = [
+    *_tp.case_specs(), "example-draft_loop-chain", "fold-chain", "dtensor_full-grad", "dtensor-draft_loop", "gathered_into_a_list",
+    "vllm_greedy_eagle-draft_loop", "bare_fuzz", "example-draft_loop-greedy",
+]  # fmt: skip
 FOUR = [
     "gather_dim-topk4", "chunk_cat-argmax-special-aten", "view_permute-log_topk3_temperature", "into_buffer-max_temperature-special",
     "dtensor_full-topk4-aten", "chunk_cat-padded_topk2", "gather_dim-topk4-kernels-ties", "gather_dim-last_row_topk2-aten",
+    "gather_dim-bare_argmax-special", "gather_dim-bare_padded_max-aten", "vllm_greedy_eagle-draft_loop",
 ]  # fmt: skip
 EIGHT = ["gather_dim-topk4", "chunk_cat-argmax-special", "view_permute-log_topk3_temperature-aten", "dtensor_redistribute-argmax-special",
          "gather_dim-padded_argmax-aten", "gather_dim-topk4-kernels-ties", "example-draft_loop-tree"]  # fmt: skip

@@ -16,7 +16,9 @@ becomes, in the same captured region (no host sync, no rank read on the host at 
     merge: ids + r * S, the top k of the tp * k candidates, values from M = max m_r and
            T = sum t_r * exp(m_r - M)
 
-emit.py has the formulas. Exactness: every vocabulary entry belongs to exactly one shard, and the
+A bare selection of the gathered logits (argmax, max, topk with no softmax, through casts and constant
+scales: `logits.argmax(dim=-1)`) is localised the same way, without m_r and t_r; its values are the
+chosen logits. emit.py has the formulas. Exactness: every vocabulary entry belongs to exactly one shard, and the
 global top-k entries are each in their own shard's top k, so the candidates contain them; ties are
 broken by rank order across shards (the lower global id, as the rank blocks ascend) and by the
 local selection within one (argmax: the first; topk_prob: the lower id; torch.topk: as it does,

@@ -17,10 +17,14 @@ Merge (candidates in rank-major order, tp * k per row):
                                                        its shard is all -inf, or far below M)
     values: k = 1: 1 / T (log: -log T); k > 1: exp(s_v - M) / T (log: s_v - M - log T), s_v the
             softmax input of the chosen logits, then the original's casts.
+A bare selection of the logits (no softmax): the same with torch's selection on this rank's logits (their
+casts and constant scales replayed on the shard), no m_r, t_r; its values are the chosen candidates, cast
+back to the selection input's dtype (exact: the payload holds every fp16/bf16/fp32 value, fp64 in float64).
 """
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any
 
 import torch
@@ -101,12 +105,18 @@ def _cast(emit: Any, x: Node, dtype: torch.dtype) -> Node:
     return x if emit.dtype_of(x) == dtype else emit.call("cast", x, dtype)
 
 
-def scores(vm: VocabMatch, emit: Any, x: Node) -> Node:
-    """What the softmax exponentiates, for logits `x`: the original's casts and temperature replayed,
-    in the compute dtype (ATen graphs: times the scale Inductor applies after the max subtraction)."""
+def _replay_scores(vm: VocabMatch, emit: Any, x: Node) -> Node:
+    """The original's ops from the logits on (casts, temperature; a bare selection's scales), on `x`."""
     previous = vm.m.logits
     for node in vm.scores:
         x, previous = emit.replay(node, previous, x), node
+    return x
+
+
+def scores(vm: VocabMatch, emit: Any, x: Node) -> Node:
+    """What the softmax exponentiates, for logits `x`: the original's casts and temperature replayed,
+    in the compute dtype (ATen graphs: times the scale Inductor applies after the max subtraction)."""
+    x = _replay_scores(vm, emit, x)
     softmax = vm.m.softmax
     if softmax.dtype not in (None, emit.dtype_of(x)):
         x = emit.call("cast", x, softmax.dtype)
@@ -115,13 +125,17 @@ def scores(vm: VocabMatch, emit: Any, x: Node) -> Node:
 
 
 def local_logits(vm: VocabMatch, emit: Any) -> Node:
-    """L_r: this rank's shard, reshaped and indexed as the full logits were, padding masked to -inf."""
+    """L_r: this rank's shard, reshaped and indexed as the full logits were, padding masked to -inf. For a
+    bare selection, what it selects from on this rank: its casts and scales replayed on L_r before the mask
+    (a negative scale of a masked -inf would make the padding win)."""
     gather, found = vm.gather, vm.layout
     x = gather.shard if gather.shard is not None else emit.call("to_local", gather.dtensor)
     if tuple(fake_tensor(x).shape) != found.local_shape:
         x = emit.call("reshape", x, found.local_shape)
     for op in found.ops:
         x = emit.replay(op.node, op.node.args[0], x, op.args, op.kwargs)
+    if vm.bare:
+        x = _replay_scores(vm, emit, x)
     if found.keep is not None:
         real = max(0, min(found.shard_vocab, found.keep - gather.rank() * found.shard_vocab))
         padding = emit.call("ge", emit.call("iota", found.shard_vocab, x), real)
@@ -137,64 +151,87 @@ def _rank_major(emit: Any, field: Node, dim: int, ndim: int) -> Node:
     return emit.call("reshape", moved, [*shape[:dim], shape[dim] * shape[dim + 1], *shape[dim + 2 :]])
 
 
+def _local_selection(emit: Any, x: Node, d: int, k: int, use_kernel: bool) -> tuple[str, Node, Node]:
+    """The top k of this rank's logits `x` along d, kept: (what selected, values, local ids)."""
+    if use_kernel and k == 1:  # only the kernels' index is used: ties to the lower id, NaN first
+        ids = emit.call("unsqueeze", emit.call("getitem", emit.call("kernel", "argmax_prob", x), 0), d)
+        return "draftfuse.argmax_prob", emit.call("gather", x, d, ids), ids
+    if use_kernel:
+        ids = emit.call("getitem", emit.call("kernel", "topk_prob", x, k), 1)
+        return "draftfuse.topk_prob", emit.call("gather", x, d, ids), ids
+    if k == 1:
+        ids = emit.call("argmax", x, d, True)
+        return "argmax", emit.call("gather", x, d, ids), ids
+    top = emit.call("topk", x, k, d, True, True)
+    return "topk", emit.call("getitem", top, 0), emit.call("getitem", top, 1)
+
+
+@dataclasses.dataclass
+class _Merged:
+    payload: Node  # this rank's candidates (values, ids, then the stats), in the compute dtype
+    g: Node  # every rank's payload, [tp, ...payload]
+    candidates: Node  # the candidate values of a row, rank-major
+    pick: Node  # the positions chosen among them
+    index: Node  # the global ids chosen (kept dim)
+    ordered: Node | None  # k > 1: the sort the positions come from
+
+
+def _merge(vm: VocabMatch, emit: Any, fields: list[Node], ndim: int) -> _Merged:
+    """The one collective and the merge of every rank's payload `fields`: the first k candidates in
+    rank-major order (k = 1: the argmax; k > 1: a stable descending sort)."""
+    d, k = vm.m.dim, vm.m.k
+    payload = emit.call("cat", fields, d)
+    g = emit.call("reshape", emit.collective(vm, payload), [vm.tp, *fake_tensor(payload).shape])
+    candidates = _rank_major(emit, emit.call("narrow", g, d + 1, 0, k), d, ndim)
+    offsets = emit.call("mul", emit.call("iota", vm.tp, g), vm.layout.shard_vocab)  # rank r's ids start at r * S
+    offsets = emit.call("reshape", offsets, [vm.tp] + [1] * ndim)
+    local_ids = emit.call("cast", emit.call("narrow", g, d + 1, k, k), torch.int64)
+    global_ids = _rank_major(emit, emit.call("add", local_ids, offsets), d, ndim)
+    ordered = None
+    if k == 1:
+        pick = emit.call("argmax", candidates, d, True)
+    else:
+        ordered = emit.call("sort", candidates, d)
+        pick = emit.call("narrow", emit.call("getitem", ordered, 1), d, 0, k)
+    return _Merged(payload, g, candidates, pick, emit.call("gather", global_ids, d, pick), ordered)
+
+
+def _details(vm: VocabMatch) -> list[str]:
+    found = vm.layout
+    details = [f"tp {vm.tp}, group {vm.gather.group_name!r}, dim {vm.m.dim}, {found.shard_vocab} entries per shard"]
+    if found.keep is not None:
+        details.append(f"padded vocabulary: {found.keep} real of {vm.tp * found.shard_vocab}, the rest masked")
+    return details
+
+
 def emit_selection(vm: VocabMatch, emit: Any, wants_values: bool, probs: str, lowering: str) -> tuple[Node, Node | None, str, str]:
     """Emit the localised selection: (index, values or None, rule, detail)."""
-    m, found, c = vm.m, vm.layout, vm.compute
+    if vm.bare:
+        return _emit_bare(vm, emit, wants_values)
+    m = vm.m
     d, k, sel = m.dim, m.k, m.selection
     use_kernel, why_not = _kernel_choice(m, False, lowering)
     x = local_logits(vm, emit)
-    ndim = fake_tensor(x).dim()
-    if use_kernel and k == 1:  # only the kernels' index is used: ties to the lower id, NaN first
-        local = "draftfuse.argmax_prob"
-        ids = emit.call("unsqueeze", emit.call("getitem", emit.call("kernel", "argmax_prob", x), 0), d)
-        best = emit.call("gather", x, d, ids)
-    elif use_kernel:
-        local = "draftfuse.topk_prob"
-        ids = emit.call("getitem", emit.call("kernel", "topk_prob", x, k), 1)
-        best = emit.call("gather", x, d, ids)
-    elif k == 1:
-        local = "argmax"
-        ids = emit.call("argmax", x, d, True)
-        best = emit.call("gather", x, d, ids)
-    else:
-        local = "topk"
-        top = emit.call("topk", x, k, d, True, True)
-        best, ids = emit.call("getitem", top, 0), emit.call("getitem", top, 1)
+    local, best, ids = _local_selection(emit, x, d, k, use_kernel)
     stats = wants_values and not (k == 1 and probs == "ones")
-    fields = [_cast(emit, best, c), _cast(emit, ids, c)]
+    fields = [_cast(emit, best, vm.compute), _cast(emit, ids, vm.compute)]
     if stats:
         s = scores(vm, emit, x)
         row_max = emit.call("amax", s, d, True)
         fields += [row_max, emit.call("sum", emit.call("exp", emit.call("sub", s, row_max)), d, True)]
-    payload = emit.call("cat", fields, d)
-    g = emit.collective(vm, payload)
-    g = emit.call("reshape", g, [vm.tp, *fake_tensor(payload).shape])
-    candidates = _rank_major(emit, emit.call("narrow", g, d + 1, 0, k), d, ndim)
-    offsets = emit.call("mul", emit.call("iota", vm.tp, g), found.shard_vocab)  # rank r's ids start at r * S
-    offsets = emit.call("reshape", offsets, [vm.tp] + [1] * ndim)
-    local_ids = emit.call("cast", emit.call("narrow", g, d + 1, k, k), torch.int64)
-    global_ids = _rank_major(emit, emit.call("add", local_ids, offsets), d, ndim)
-    if k == 1:
-        pick = emit.call("argmax", candidates, d, True)
-        index = emit.call("gather", global_ids, d, pick)
-    else:
-        ordered = emit.call("sort", candidates, d)
-        pick = emit.call("narrow", emit.call("getitem", ordered, 1), d, 0, k)
-        index = emit.call("gather", global_ids, d, pick)
-    value = None
+    merged = _merge(vm, emit, fields, fake_tensor(x).dim())
+    index, value = merged.index, None
     if wants_values:
-        value = _values(vm, emit, g, ordered if k > 1 else None, index, stats, probs)
+        value = _values(vm, emit, merged.g, merged.ordered, index, stats, probs)
         if k == 1 and not sel.keepdim:
             value = emit.call("squeeze", value, d)
         value = _replay_casts(m, emit, value)
     if k == 1 and not sel.keepdim:
         index = emit.call("squeeze", index, d)
     prefix = "log_" if m.log else ""
-    width = fake_tensor(payload).shape[d]
+    width = fake_tensor(merged.payload).shape[d]
     rule = f"all_gather+{prefix}softmax+{sel.kind}(k={k}) -> local {local} + all_gather of {width} numbers per row"
-    details = [f"tp {vm.tp}, group {vm.gather.group_name!r}, dim {d}, {found.shard_vocab} entries per shard"]
-    if found.keep is not None:
-        details.append(f"padded vocabulary: {found.keep} real of {vm.tp * found.shard_vocab}, the rest masked")
+    details = _details(vm)
     if wants_values:
         kind = "log-probabilities" if m.log else "probabilities"
         details.append(f"{kind} 1 (probs='ones')" if not stats else f"{kind} from the merged max and exp-sum")
@@ -202,6 +239,32 @@ def emit_selection(vm: VocabMatch, emit: Any, wants_values: bool, probs: str, lo
         details.append(f"not the kernels: {why_not}")
     if m.half:
         details.append("reads half-precision probabilities: a rounding tie picks the larger logit")
+    return index, value, rule, "; ".join(details)
+
+
+def _emit_bare(vm: VocabMatch, emit: Any, wants_values: bool) -> tuple[Node, Node | None, str, str]:
+    """A bare selection: torch's own selection on this rank's logits (its casts and scales replayed), the
+    merge; its values are the chosen candidates, in the selection input's dtype (exact: the payload holds it)."""
+    sel, d, k = vm.m.selection, vm.m.dim, vm.m.k
+    x = local_logits(vm, emit)
+    local, best, ids = _local_selection(emit, x, d, k, False)
+    merged = _merge(vm, emit, [_cast(emit, best, vm.compute), _cast(emit, ids, vm.compute)], fake_tensor(x).dim())
+    index, value = merged.index, None
+    if wants_values:
+        if k == 1:
+            value = emit.call("gather", merged.candidates, d, merged.pick)
+        else:
+            value = emit.call("narrow", emit.call("getitem", merged.ordered, 0), d, 0, k)
+        value = _cast(emit, value, emit.dtype_of(sel.input))
+        if k == 1 and not sel.keepdim:
+            value = emit.call("squeeze", value, d)
+    if k == 1 and not sel.keepdim:
+        index = emit.call("squeeze", index, d)
+    width = fake_tensor(merged.payload).shape[d]
+    rule = f"all_gather+{sel.kind}(k={k}) -> local {local} + all_gather of {width} numbers per row"
+    details = _details(vm)
+    if wants_values:
+        details.append("values: the chosen logits")
     return index, value, rule, "; ".join(details)
 
 

@@ -1,4 +1,5 @@
-"""Recognising all_gather -> softmax -> selection, and deciding whether it may be localised.
+"""Recognising all_gather -> softmax -> selection (and all_gather -> selection), and deciding whether it
+may be localised.
 
 The softmax -> selection part is softmax_topk's own matcher (`softmax_topk.match.match`): the same
 spellings, casts, temperatures, k, dims and effects rules, at both levels. On top of it:
@@ -15,6 +16,12 @@ spellings, casts, temperatures, k, dims and effects rules, at both levels. On to
     collective's backward is not the original gather's;
   * k fits in one shard, ids fit the float payload exactly, and a padded vocabulary (a prefix slice)
     leaves rank 0's shard whole and is padded along the last dim.
+
+A bare selection of the gathered logits (argmax, max, topk with no softmax: vLLM's greedy EAGLE draft
+takes `logits.argmax(dim=-1)`), through dtype casts and constant scales, is localised under the same
+rules, read up to the selection instead of the softmax. Each cast or scale acts on every entry alone, so
+each rank replays it on its shard; the selection's values, fp16/bf16/fp32 (fp64), travel exactly in a
+float32 (float64) payload. Refused: smallest selections, topk(sorted=False), integer values.
 """
 
 from __future__ import annotations
@@ -26,7 +33,7 @@ import torch
 
 from draftfuse.graph.effects import Effects
 from draftfuse.graph.selection import Selection
-from draftfuse.graph.values import Node, fake_tensor, target_key
+from draftfuse.graph.values import Node, fake_tensor, is_call, normalise_dim, rank, target_key
 from draftfuse.passes.driver import Refuse
 from draftfuse.passes.softmax_topk.forms import as_cast, as_scale
 from draftfuse.passes.softmax_topk.match import Match
@@ -39,6 +46,8 @@ from draftfuse.passes.vocab_parallel.layout import Reassembly, chain_between, re
 aten = torch.ops.aten
 # Exact integers in the payload: float32 holds every id below 2**24, float64 below 2**53.
 _EXACT_IDS = {torch.float32: 2**24, torch.float64: 2**53}
+# The payload dtype a bare selection's values travel in exactly, by their dtype.
+_EXACT_VALUES = {torch.float16: torch.float32, torch.bfloat16: torch.float32, torch.float32: torch.float32, torch.float64: torch.float64}
 _MOVEMENT = (
     layout._VIEWS | layout._PERMUTES | set(layout._SPLITS) | set(layout._CATS) | layout._MASKS
     | {operator.getitem, aten.select.int, aten.slice.Tensor, "narrow", torch.narrow, aten.narrow.default}
@@ -52,17 +61,32 @@ _SOFTMAX_PARTS = set(SOFTMAX_SPELLINGS) | {
 
 
 @dataclasses.dataclass
+class Bare:
+    """A selection of the gathered logits themselves, with no softmax (vLLM's greedy EAGLE draft:
+    `logits.argmax(dim=-1)`), through casts and constant scales: the fields a `Match` has too."""
+
+    selection: Selection
+    dim: int  # normalised
+    k: int
+    logits: Node  # the reassembled logits; the casts and scales up to the selection are VocabMatch.scores
+
+
+@dataclasses.dataclass
 class VocabMatch:
-    m: Match  # the softmax -> selection, as softmax_topk matched it
+    m: Match | Bare  # the softmax -> selection, as softmax_topk matched it; or a bare selection
     gather: Gather
     layout: Reassembly
-    scores: list[Node]  # the ops from the logits to the softmax input (casts, temperature), in order
-    compute: torch.dtype  # float32 (float64 when the softmax computes in it): the payload's dtype
+    scores: list[Node]  # the ops from the logits to the softmax input (casts, temperature), or to a bare selection's input
+    compute: torch.dtype  # float32 (float64 when the softmax or the bare selection computes in it): the payload's dtype
     pattern: list[Node]  # every node the rewrite replaces, in graph order
 
     @property
     def tp(self) -> int:
         return self.gather.tp
+
+    @property
+    def bare(self) -> bool:
+        return isinstance(self.m, Bare)
 
 
 def _walk_back(node: Node, through: set, limit: int = 256) -> Gather | None:
@@ -128,12 +152,9 @@ def match(sel: Selection, level: str, effects: Effects, half_probs: str = "rewri
             raise
         return None
     if m is None:
-        return None
-    gather = _walk_back(m.logits, _MOVEMENT)
+        return _match_bare(sel, effects)
+    gather = _gather_of(m.logits)
     if gather is None:
-        if any(_gathered_into_buffers(n) for n in [m.logits, *m.logits.all_input_nodes]):
-            raise Refuse("the shards are gathered into a list of buffers (dist.all_gather(list, x), then cat): not localised; "
-                         "gather with funcol.all_gather_tensor or dist.all_gather_into_tensor")
         return None
     if m.half and half_probs == "keep":
         raise Refuse('reads half-precision probabilities and half_probs="keep"')
@@ -143,20 +164,72 @@ def match(sel: Selection, level: str, effects: Effects, half_probs: str = "rewri
         # the localised gather's backward need not be the original's (DTensor's full_tensor() takes the local
         # slice of the gradient, a gather's backward sums over the ranks: tp times eager's gradient)
         raise Refuse("the gathered logits require grad: the localised gather's backward is not the original's")
+    return _localised(m, gather, list(reversed(m.peeled)), _compute_dtype(m), m.softmax.node, effects)
+
+
+def _gather_of(logits: Node) -> Gather | None:
+    gather = _walk_back(logits, _MOVEMENT)
+    if gather is None and any(_gathered_into_buffers(n) for n in [logits, *logits.all_input_nodes]):
+        raise Refuse("the shards are gathered into a list of buffers (dist.all_gather(list, x), then cat): not localised; "
+                     "gather with funcol.all_gather_tensor or dist.all_gather_into_tensor")
+    return gather
+
+
+def _peel_elementwise(node: Node) -> tuple[Node, list[Node]]:
+    """From a bare selection's input back through dtype casts and constant scales, each of which acts on
+    every entry alone (so it may run on each shard): (the node reached, the nodes peeled, in graph order)."""
+    peeled: list[Node] = []
+    while (step := as_cast(node) or as_scale(node)) is not None and isinstance(step[0], Node) and not isinstance(step[1], Node):
+        peeled.insert(0, node)
+        node = step[0]
+    return node, peeled
+
+
+def _match_bare(sel: Selection, effects: Effects) -> VocabMatch | None:
+    """A selection of the gathered logits with no softmax: each rank selects on its shard, the merge is
+    the softmax one's without the max and exp-sum; values (max, topk) are the chosen logits."""
+    logits, elementwise = _peel_elementwise(sel.input)
+    gather = _gather_of(logits)
+    if gather is None:
+        return None
+    value = fake_tensor(sel.input)
+    dim = normalise_dim(sel.dim, rank(sel.input))
+    if value is None or dim is None:
+        raise Refuse(f"selection dim {sel.dim!r} is not a known constant (or no tensor metadata)")
+    k = sel.k
+    if isinstance(k, (Node, torch.SymInt)) or not isinstance(k, int) or isinstance(k, bool) or not 1 <= k <= value.shape[dim]:
+        raise Refuse(f"k={k} is not a known constant in 1..{value.shape[dim]}")
+    if not sel.largest:
+        raise Refuse(f"a smallest selection ({sel.kind}) of the gathered logits: not localised")
+    if sel.kind == "topk" and k > 1 and not sel.sorted:
+        raise Refuse("topk(sorted=False): its order is unspecified, a rewrite could permute it")
+    for user in sel.node.users if sel.returns_pair else ():
+        if not (is_call(user, operator.getitem) and user.args[1] in (0, 1)):
+            raise Refuse(f"selection result used as a whole by {user.name}")
+    if value.dtype not in _EXACT_VALUES:
+        raise Refuse(f"a selection of {value.dtype} values: not exact in a float payload")
+    if any(getattr(fake_tensor(n), "requires_grad", False) for n in (logits, sel.input)):
+        raise Refuse("the gathered logits require grad: the localised gather's backward is not the original's")
+    return _localised(Bare(sel, dim, k, logits), gather, elementwise, _EXACT_VALUES[value.dtype], sel.node, effects)
+
+
+def _localised(m: Match | Bare, gather: Gather, scores: list[Node], compute: torch.dtype, end: Node, effects: Effects) -> VocabMatch:
+    """The legality both forms share, from the gather to `end` (the softmax, or a bare selection), which
+    reads `scores` (the nodes from the logits on) last."""
+    sel, reader = m.selection, "selection" if end is m.selection.node else "softmax"
     found = reassemble(gather, m.logits)
     if found.dim != m.dim:
-        raise Refuse(f"the shards are concatenated along dim {found.dim}, the softmax is over dim {m.dim}")
+        raise Refuse(f"the shards are concatenated along dim {found.dim}, the {reader} is over dim {m.dim}")
     pattern = sorted({*gather.nodes, *chain_between(gather.start, sel.node)}, key=effects.order.get)
     if (other := _other_user(pattern, sel.node)) is not None:
         raise Refuse(f"the gathered logits have other users: {other[0].name} is also read by {other[1].name}")
     if changes := effects.state_changes(gather.anchor, sel.node):  # the rewrite emits at the anchor
         raise Refuse(f"{changes[0].name} changes torch's global state (grad mode, autocast) between the gather and the selection")
-    writes = [w for w in effects.writers([gather.start, *found.chain], gather.anchor, m.softmax.node) if w not in gather.nodes]
+    writes = [w for w in effects.writers([gather.start, *found.chain, *scores], gather.anchor, end) if w not in gather.nodes]
     if writes:
-        raise Refuse(f"the gathered logits are written in place before the softmax, by {writes[0].name}")
+        raise Refuse(f"the gathered logits are written in place before the {reader}, by {writes[0].name}")
     if m.k > found.shard_vocab:
         raise Refuse(f"k={m.k} is larger than one shard ({found.shard_vocab} entries)")
-    compute = _compute_dtype(m)
     if found.shard_vocab > _EXACT_IDS[compute]:
         raise Refuse(f"a shard of {found.shard_vocab} entries: its ids are not exact in a {compute} payload")
     if found.keep is not None:
@@ -164,7 +237,7 @@ def match(sel: Selection, level: str, effects: Effects, half_probs: str = "rewri
             raise Refuse(f"a padded vocabulary of {found.keep} real entries leaves rank 0's shard ({found.shard_vocab}) partly padded")
         if found.dim != fake_tensor(m.logits).dim() - 1:
             raise Refuse("a padded vocabulary along a dim other than the last")
-    return VocabMatch(m, gather, found, list(reversed(m.peeled)), compute, pattern)
+    return VocabMatch(m, gather, found, scores, compute, pattern)
 
 
-__all__ = ["VocabMatch", "is_gather_node", "match", "reads_gather"]
+__all__ = ["Bare", "VocabMatch", "is_gather_node", "match", "reads_gather"]
