@@ -187,6 +187,7 @@ class GraphModule(torch.nn.Module):
         where_self: "f32[4, 64]" = torch.ops.aten.where.self(logical_not_default_1, div_tensor_1, sub_tensor_1);  logical_not_default_1 = div_tensor_1 = sub_tensor_1 = None
         exp: "f32[4, 64]" = torch.ops.aten.exp.default(where_self);  where_self = None
         sum_1: "f32[4, 1]" = torch.ops.aten.sum.dim_IntList(exp, [-1], True);  exp = None
+
         argmax_default: "i64[4, 1]" = torch.ops.aten.argmax.default(arg0_1, 1, True)
         reciprocal_default: "f32[4, 1]" = torch.ops.aten.reciprocal.default(sum_1);  sum_1 = None
 
@@ -196,6 +197,7 @@ class GraphModule(torch.nn.Module):
         exp_1: "f32[4, 64]" = torch.ops.aten.exp.default(sub_1);  sub_1 = None
         sum_2: "f32[4, 1]" = torch.ops.aten.sum.dim_IntList(exp_1, [-1], True);  exp_1 = None
         log: "f32[4, 1]" = torch.ops.aten.log.default(sum_2);  sum_2 = None
+
         argmax_default_1: "i64[4]" = torch.ops.aten.argmax.default(arg0_1, 1, False);  arg0_1 = None
         neg_default: "f32[4, 1]" = torch.ops.aten.neg.default(log);  log = None
         squeeze_dim: "f32[4]" = torch.ops.aten.squeeze.dim(neg_default, 1);  neg_default = None
@@ -381,6 +383,7 @@ class GraphModule(torch.nn.Module):
         getitem_4: "i64[4]" = argmax_prob_default[0]
         getitem_5: "f32[4]" = argmax_prob_default[1];  argmax_prob_default = None
         round_to_default: "bf16[4]" = torch.ops.draftfuse.round_to.default(getitem_5, torch.bfloat16);  getitem_5 = None
+
         topk_prob_default = torch.ops.draftfuse.topk_prob.default(arg0_1, 4, False);  arg0_1 = None
         getitem_6: "i64[4, 4]" = topk_prob_default[1]
         getitem_7: "f32[4, 4]" = topk_prob_default[0];  topk_prob_default = None

@@ -8,6 +8,7 @@ import torch.nn.functional as F
 from expecttest import TestCase
 
 from draftfuse.passes.softmax_topk import rewrite_softmax_topk
+from draftfuse.testing import draft_graphs
 from tests._graphs import dynamo_graph, graph_text
 
 _G = torch.Generator().manual_seed(0)
@@ -151,6 +152,7 @@ class GraphModule(torch.nn.Module):
         l_x_ = L_x_
 
         float_1: "f32[4, 32]" = l_x_.float()
+
         argmax: "i64[4, 1]" = torch.argmax(l_x_, dim = 1, keepdim = True);  l_x_ = None
         amax: "f32[4, 1]" = torch.amax(float_1, dim = 1, keepdim = True)
         sub: "f32[4, 32]" = torch.sub(float_1, amax);  float_1 = amax = None
@@ -244,6 +246,7 @@ class GraphModule(torch.nn.Module):
 
         float_1: "f32[4, 32]" = l_x_.float()
         truediv: "f32[4, 32]" = float_1 / 0.7;  float_1 = None
+
         argmax: "i64[4, 1]" = torch.argmax(l_x_, dim = 1, keepdim = True);  l_x_ = None
         amax: "f32[4, 1]" = torch.amax(truediv, dim = 1, keepdim = True)
         sub: "f32[4, 32]" = torch.sub(truediv, amax);  truediv = amax = None
@@ -407,6 +410,7 @@ class GraphModule(torch.nn.Module):
         l_x_ = L_x_
 
         truediv: "f32[4, 32]" = l_x_ / -0.5;  l_x_ = None
+
         argmax: "i64[4, 1]" = torch.argmax(truediv, dim = 1, keepdim = True)
         amax: "f32[4, 1]" = torch.amax(truediv, dim = 1, keepdim = True)
         sub: "f32[4, 32]" = torch.sub(truediv, amax);  truediv = amax = None
@@ -430,6 +434,7 @@ class GraphModule(torch.nn.Module):
         l_t_ = L_t_
 
         truediv: "f32[4, 32]" = l_x_ / l_t_;  l_x_ = l_t_ = None
+
         argmax_1: "i64[4]" = torch.argmax(truediv, dim = 1, keepdim = False);  truediv = None
         return (argmax_1,)
 """)
@@ -512,6 +517,18 @@ class GraphModule(torch.nn.Module):
         getitem_1: "i64[4, 1]" = topk[1];  topk = None
         return (getitem, getitem_1)
 """)
+
+    def test_an_integer_cast_is_refused_after_a_softmax_only(self):
+        """A cast the rewrite cannot keep (to an integer, to fp8) is news after a softmax; on plain logits
+        (x.long().argmax(), the ids of a quantised draft) there is no softmax to name, and it was refused
+        as "cast to torch.int64 between softmax and selection" at both levels."""
+        self.refuse(lambda x: torch.softmax(x, -1).to(torch.int32).argmax(-1), X, reason="cast to torch.int32 between softmax and selection")
+        self.refuse(lambda x: torch.softmax(x, -1).to(torch.float8_e4m3fn).float().argmax(-1), X, reason="round to one value")
+        for f in (lambda x: x.to(torch.int32).argmax(-1), lambda x: x.long().argmax(-1), lambda x: x.to(torch.float8_e4m3fn).float().argmax(-1)):
+            graphs = draft_graphs(f, X)
+            reports = {r.pass_name: r for r in graphs.reports}
+            for name in ("softmax_topk", "softmax_topk (post-grad)"):
+                self.assertEqual((reports[name].rewrites, reports[name].refusals), ([], []), str(reports[name]))
 
     def test_smallest_selections_are_refused(self):
         # the smallest probabilities underflow to 0: the original returns the first zero, argmin of the

@@ -139,7 +139,7 @@ class GraphModule(torch.nn.Module):
         self.assertExpectedInline(report, """\
 [vocab_parallel] 1 rewrite, 0 refusals
   tests/test_vocab_parallel_graphs.py:63: all_gather+softmax+topk(k=4) -> local topk + all_gather of 10 numbers per row (tp 2, group '0', dim 1, 8 entries per shard; probabilities from the merged max and exp-sum) [tensor, res, chunk, getitem, getitem_1, res_1, float_1, softmax, topk]
-  note: each rank selects on its own shard; one all_gather carries k candidates (and the softmax's max and exp-sum) per rank""")
+  note: each rank selects on its own shard; one all_gather carries k candidates per rank (after a softmax, with its max and exp-sum)""")
 
     def test_view_permute_argmax_post_grad(self):
         def draft(x):
@@ -197,7 +197,7 @@ class <lambda>(torch.nn.Module):
         self.assertExpectedInline(report.format(nodes=True), """\
 [vocab_parallel (post-grad)] 1 rewrite, 0 refusals
   tests/test_vocab_parallel_graphs.py:146: all_gather+softmax+argmax(k=1) -> local argmax + all_gather of 2 numbers per row (tp 2, group '0', dim 1, 8 entries per shard; not the kernels: they run on CUDA with Triton, k <= 16, not on cpu) [all_gather_into_tensor, wait_tensor, view, permute, clone, view_1, amax, sub, exp, sum_1, div, argmax]
-  note: each rank selects on its own shard; one all_gather carries k candidates (and the softmax's max and exp-sum) per rank""")
+  note: each rank selects on its own shard; one all_gather carries k candidates per rank (after a softmax, with its max and exp-sum)""")
 
     def test_dtensor_full_tensor_log_softmax_temperature(self):
         _tp._mesh()
@@ -245,7 +245,7 @@ class GraphModule(torch.nn.Module):
         self.assertExpectedInline(report, """\
 [vocab_parallel] 1 rewrite, 0 refusals
   tests/test_vocab_parallel_graphs.py:206: all_gather+log_softmax+topk(k=2) -> local topk + all_gather of 6 numbers per row (tp 2, group '0', dim 1, 8 entries per shard; log-probabilities from the merged max and exp-sum) [full_tensor, truediv, log_softmax, topk]
-  note: each rank selects on its own shard; one all_gather carries k candidates (and the softmax's max and exp-sum) per rank""")
+  note: each rank selects on its own shard; one all_gather carries k candidates per rank (after a softmax, with its max and exp-sum)""")
 
     def test_padded_vocabulary_masks_this_ranks_padding(self):
         def draft(x):
@@ -273,7 +273,7 @@ class GraphModule(torch.nn.Module):
         self.assertExpectedInline(report, """\
 [vocab_parallel] 1 rewrite, 0 refusals
   tests/test_vocab_parallel_graphs.py:253: all_gather+softmax+max(k=1) -> local argmax + all_gather of 4 numbers per row (tp 2, group '0', dim 1, 8 entries per shard; padded vocabulary: 13 real of 16, the rest masked; probabilities from the merged max and exp-sum) [tensor, res, chunk, getitem, getitem_1, full, getitem_2, softmax, max_1]
-  note: each rank selects on its own shard; one all_gather carries k candidates (and the softmax's max and exp-sum) per rank""")
+  note: each rank selects on its own shard; one all_gather carries k candidates per rank (after a softmax, with its max and exp-sum)""")
 
     def test_into_buffer_probs_ones_and_kernels(self):
         def draft(x):
@@ -295,7 +295,7 @@ class GraphModule(torch.nn.Module):
         self.assertExpectedInline(report, """\
 [vocab_parallel] 1 rewrite, 0 refusals
   tests/test_vocab_parallel_graphs.py:280: all_gather+softmax+topk(k=1) -> local draftfuse.argmax_prob + all_gather of 2 numbers per row (tp 2, group '0', dim 1, 8 entries per shard; probabilities 1 (probs='ones')) [out, tensor, res, copy_, view, movedim, reshape, softmax, topk]
-  note: each rank selects on its own shard; one all_gather carries k candidates (and the softmax's max and exp-sum) per rank""")
+  note: each rank selects on its own shard; one all_gather carries k candidates per rank (after a softmax, with its max and exp-sum)""")
 
     def test_a_bare_argmax_of_padded_gathered_logits(self):
         """vLLM's greedy EAGLE draft: its LogitsProcessor all-gathers the vocab-parallel LM head's logits and
@@ -324,7 +324,7 @@ class GraphModule(torch.nn.Module):
         self.assertExpectedInline(report, """\
 [vocab_parallel] 1 rewrite, 0 refusals
   tests/test_vocab_parallel_graphs.py:307: all_gather+argmax(k=1) -> local argmax + all_gather of 2 numbers per row (tp 2, group '0', dim 1, 8 entries per shard; padded vocabulary: 13 real of 16, the rest masked) [tensor, res, chunk, getitem, getitem_1, res_1, logits, argmax]
-  note: each rank selects on its own shard; one all_gather carries k candidates (and the softmax's max and exp-sum) per rank""")
+  note: each rank selects on its own shard; one all_gather carries k candidates per rank (after a softmax, with its max and exp-sum)""")
 
     def test_a_bare_topk_and_max_through_a_cast_and_a_scale(self):
         """topk and max of the gathered logits themselves, their values read: each rank replays the cast
@@ -343,6 +343,7 @@ class GraphModule(torch.nn.Module):
         l_x_ = L_x_
 
         bfloat16: "bf16[3, 8]" = l_x_.bfloat16();  l_x_ = None
+
         float_2: "f32[3, 8]" = bfloat16.float();  bfloat16 = None
         mul_1: "f32[3, 8]" = float_2 * -0.5;  float_2 = None
         topk_1 = torch.topk(mul_1, k = 3, dim = 1, largest = True, sorted = True);  mul_1 = None
@@ -354,7 +355,7 @@ class GraphModule(torch.nn.Module):
         self.assertExpectedInline(report, """\
 [vocab_parallel] 1 rewrite, 0 refusals
   tests/test_vocab_parallel_graphs.py:334: all_gather+topk(k=3) -> local topk + all_gather of 6 numbers per row (tp 2, group '0', dim 1, 8 entries per shard; values: the chosen logits) [tensor, res, chunk, getitem, getitem_1, res_1, float_1, mul, topk]
-  note: each rank selects on its own shard; one all_gather carries k candidates (and the softmax's max and exp-sum) per rank""")
+  note: each rank selects on its own shard; one all_gather carries k candidates per rank (after a softmax, with its max and exp-sum)""")
         _, after, report = _tp.aten_graphs(max_post_grad, X)
         self.assertExpectedInline(local_part(after), """\
 class <lambda>(torch.nn.Module):
@@ -367,7 +368,17 @@ class <lambda>(torch.nn.Module):
         self.assertExpectedInline(report.format(nodes=True), """\
 [vocab_parallel (post-grad)] 1 rewrite, 0 refusals
   tests/test_vocab_parallel_graphs.py:337: all_gather+max(k=1) -> local argmax + all_gather of 2 numbers per row (tp 2, group '0', dim 1, 8 entries per shard; values: the chosen logits) [all_gather_into_tensor, wait_tensor, split, getitem, getitem_1, cat, max_1]
-  note: each rank selects on its own shard; one all_gather carries k candidates (and the softmax's max and exp-sum) per rank""")
+  note: each rank selects on its own shard; one all_gather carries k candidates per rank (after a softmax, with its max and exp-sum)""")
+
+    def test_the_post_grad_pass_leaves_a_dynamo_rewrites_merge_alone(self):
+        """The merge's argmax over the gathered candidates is itself an argmax of gathered values: the
+        post-grad pass read it as a bare selection and refused it ("permute ... not understood") after
+        every k = 1 rewrite. Its ATen nodes carry the rewrite's provenance now, and are no candidate."""
+        for draft in (lambda x: _tp.gather_dim(x).argmax(dim=-1), lambda x: torch.softmax(_tp.gather_dim(x), -1).argmax(dim=-1)):
+            reports = {r.pass_name: r for r in draft_graphs(draft, X).reports}
+            self.assertEqual(len(reports["vocab_parallel"].rewrites), 1)
+            post_grad = reports["vocab_parallel (post-grad)"]
+            self.assertEqual((post_grad.rewrites, post_grad.refusals), ([], []), str(post_grad))
 
     def test_pipeline_runs_it_before_softmax_topk(self):
         def draft(x):
@@ -394,7 +405,7 @@ class Refusals(_FakeGroup):
 
         self.assertExpectedInline(self.refusal(draft, X), """\
 [vocab_parallel] 0 rewrites, 1 refusal
-  tests/test_vocab_parallel_graphs.py:393: refused: the gathered logits have other users: res_1 is also read by output [topk]""")
+  tests/test_vocab_parallel_graphs.py:404: refused: the gathered logits have other users: res_1 is also read by output [topk]""")
 
     def test_uneven_dtensor_shards(self):
         from torch.distributed.tensor import DTensor, Shard
@@ -407,7 +418,7 @@ class Refusals(_FakeGroup):
 
         self.assertExpectedInline(self.refusal(draft, X), """\
 [vocab_parallel] 0 rewrites, 1 refusal
-  tests/test_vocab_parallel_graphs.py:406: refused: uneven shards: 15 entries over 2 ranks (DTensor pads the last shards); not proven even [argmax]""")
+  tests/test_vocab_parallel_graphs.py:417: refused: uneven shards: 15 entries over 2 ranks (DTensor pads the last shards); not proven even [argmax]""")
 
     def test_padded_vocabulary_without_a_known_mask(self):
         def draft(x):
@@ -418,10 +429,10 @@ class Refusals(_FakeGroup):
 
         self.assertExpectedInline(self.refusal(draft, X), """\
 [vocab_parallel] 0 rewrites, 1 refusal
-  tests/test_vocab_parallel_graphs.py:414: refused: a padded vocabulary without a known mask: getitem_2 slices the vocabulary [1:None:None] [argmax]""")
+  tests/test_vocab_parallel_graphs.py:425: refused: a padded vocabulary without a known mask: getitem_2 slices the vocabulary [1:None:None] [argmax]""")
         self.assertExpectedInline(self.refusal(masked, X, torch.zeros(16, dtype=torch.bool)), """\
 [vocab_parallel] 0 rewrites, 1 refusal
-  tests/test_vocab_parallel_graphs.py:417: refused: a padded vocabulary without a known mask: masked_fill masks the gathered logits with a tensor [argmax]""")
+  tests/test_vocab_parallel_graphs.py:428: refused: a padded vocabulary without a known mask: masked_fill masks the gathered logits with a tensor [argmax]""")
 
     def test_process_group_not_identified(self):
         def draft(x):
@@ -434,7 +445,7 @@ class Refusals(_FakeGroup):
         result = rewrite_vocab_parallel(gm)
         self.assertExpectedInline(result.report.format(nodes=True), """\
 [vocab_parallel] 0 rewrites, 1 refusal
-  tests/test_vocab_parallel_graphs.py:428: refused: process group 'no-such-group' cannot be identified in this process (RuntimeError) [argmax]""")
+  tests/test_vocab_parallel_graphs.py:439: refused: process group 'no-such-group' cannot be identified in this process (RuntimeError) [argmax]""")
 
     def test_symbolic_shapes(self):
         def draft(x):
@@ -450,7 +461,7 @@ class Refusals(_FakeGroup):
         torch.compile(draft, backend=backend, fullgraph=True, dynamic=True)(X)
         self.assertExpectedInline(rewrite_vocab_parallel(graphs[0]).report.format(nodes=True), """\
 [vocab_parallel] 0 rewrites, 1 refusal
-  tests/test_vocab_parallel_graphs.py:441: refused: res has no static shape: the shards cannot be proven even [argmax]""")
+  tests/test_vocab_parallel_graphs.py:452: refused: res has no static shape: the shards cannot be proven even [argmax]""")
 
     def test_k_larger_than_a_shard_and_the_wrong_dim(self):
         def large_k(x):
@@ -463,10 +474,10 @@ class Refusals(_FakeGroup):
 
         self.assertExpectedInline(self.refusal(large_k, X), """\
 [vocab_parallel] 0 rewrites, 1 refusal
-  tests/test_vocab_parallel_graphs.py:457: refused: k=9 is larger than one shard (8 entries) [topk]""")
+  tests/test_vocab_parallel_graphs.py:468: refused: k=9 is larger than one shard (8 entries) [topk]""")
         self.assertExpectedInline(self.refusal(batch_gathered, X), """\
 [vocab_parallel] 0 rewrites, 1 refusal
-  tests/test_vocab_parallel_graphs.py:462: refused: the shards are concatenated along dim 0, the softmax is over dim 1 [argmax]""")
+  tests/test_vocab_parallel_graphs.py:473: refused: the shards are concatenated along dim 0, the softmax is over dim 1 [argmax]""")
 
     def test_shards_out_of_order(self):
         def draft(x):
@@ -477,7 +488,7 @@ class Refusals(_FakeGroup):
 
         self.assertExpectedInline(self.refusal(draft, X), """\
 [vocab_parallel] 0 rewrites, 1 refusal
-  tests/test_vocab_parallel_graphs.py:476: refused: cat does not concatenate the shards of ranks 0..1 in order [argmax]""")
+  tests/test_vocab_parallel_graphs.py:487: refused: cat does not concatenate the shards of ranks 0..1 in order [argmax]""")
 
     def test_softmax_topk_rules_and_half_probs(self):
         def temperature(x, t):
@@ -488,10 +499,10 @@ class Refusals(_FakeGroup):
 
         self.assertExpectedInline(self.refusal(temperature, X, torch.tensor(0.7)), """\
 [vocab_parallel] 0 rewrites, 1 refusal
-  tests/test_vocab_parallel_graphs.py:484: refused: temperature l_t_ is a tensor: not localised (softmax_topk selects on the gathered logits) [argmax]""")
+  tests/test_vocab_parallel_graphs.py:495: refused: temperature l_t_ is a tensor: not localised (softmax_topk selects on the gathered logits) [argmax]""")
         self.assertExpectedInline(self.refusal(half, X, half_probs="keep"), """\
 [vocab_parallel] 0 rewrites, 1 refusal
-  tests/test_vocab_parallel_graphs.py:487: refused: reads half-precision probabilities and half_probs="keep" [topk]""")
+  tests/test_vocab_parallel_graphs.py:498: refused: reads half-precision probabilities and half_probs="keep" [topk]""")
 
     def test_bare_selections_refused_with_the_reason(self):
         """A bare selection of gathered logits that is not localised says why (it used to pass unreported)."""
@@ -514,21 +525,50 @@ class Refusals(_FakeGroup):
             logits.mul_(2.0)
             return logits.argmax(dim=-1)
 
+        def int32(x):  # refused as "cast to torch.int32 between softmax and selection", with no softmax
+            return _tp.gather_dim(x).to(torch.int32).argmax(dim=-1)
+
+        def negated(x):  # the op is named with what reads it: no softmax here either
+            return (-_tp.gather_dim(x)).argmax(dim=-1)
+
         self.assertExpectedInline(self.refusal(returns_logits, X), """\
 [vocab_parallel] 0 rewrites, 1 refusal
-  tests/test_vocab_parallel_graphs.py:501: refused: the gathered logits have other users: res_1 is also read by output [argmax]""")
+  tests/test_vocab_parallel_graphs.py:512: refused: the gathered logits have other users: res_1 is also read by output [argmax]""")
         self.assertExpectedInline(self.refusal(smallest, X), """\
 [vocab_parallel] 0 rewrites, 1 refusal
-  tests/test_vocab_parallel_graphs.py:504: refused: a smallest selection (argmin) of the gathered logits: not localised [argmin]""")
+  tests/test_vocab_parallel_graphs.py:515: refused: a smallest selection (argmin) of the gathered logits: not localised [argmin]""")
         self.assertExpectedInline(self.refusal(unsorted, X), """\
 [vocab_parallel] 0 rewrites, 1 refusal
-  tests/test_vocab_parallel_graphs.py:507: refused: topk(sorted=False): its order is unspecified, a rewrite could permute it [topk]""")
+  tests/test_vocab_parallel_graphs.py:518: refused: topk(sorted=False): its order is unspecified, a rewrite could permute it [topk]""")
         self.assertExpectedInline(self.refusal(integers, X), """\
 [vocab_parallel] 0 rewrites, 1 refusal
-  tests/test_vocab_parallel_graphs.py:510: refused: a selection of torch.int64 values: not exact in a float payload [argmax]""")
+  tests/test_vocab_parallel_graphs.py:521: refused: a selection of torch.int64 values: not exact in a float payload [argmax]""")
         self.assertExpectedInline(self.refusal(written, X), """\
 [vocab_parallel] 0 rewrites, 1 refusal
-  tests/test_vocab_parallel_graphs.py:515: refused: the gathered logits have other users: res_1 is also read by mul_ [argmax]""")
+  tests/test_vocab_parallel_graphs.py:526: refused: the gathered logits have other users: res_1 is also read by mul_ [argmax]""")
+        self.assertExpectedInline(self.refusal(int32, X), """\
+[vocab_parallel] 0 rewrites, 1 refusal
+  tests/test_vocab_parallel_graphs.py:529: refused: a selection of torch.int32 values: not exact in a float payload [argmax]""")
+        self.assertExpectedInline(_tp.aten_graphs(int32, X)[2].format(), """\
+[vocab_parallel (post-grad)] 0 rewrites, 1 refusal
+  tests/test_vocab_parallel_graphs.py:529: refused: a selection of torch.int32 values: not exact in a float payload""")
+        self.assertExpectedInline(self.refusal(negated, X), """\
+[vocab_parallel] 0 rewrites, 1 refusal
+  tests/test_vocab_parallel_graphs.py:532: refused: neg (neg) between the gather and the selection is not understood [argmax]""")
+
+    def test_a_selection_of_values_computed_from_gathered_ones_is_not_reported(self):
+        """Sequence parallelism gathers the hidden states (along the rows), then the full head: the argmax
+        reads no gathered logits, and was refused as "logits (matmul) between the gather and the softmax"."""
+        from torch.distributed import _functional_collectives as funcol
+
+        weight = torch.randn(16, 8)
+
+        def draft(h):
+            return (funcol.all_gather_tensor(h, 0, dist.group.WORLD) @ weight.T).argmax(dim=-1)
+
+        before, after, report = self.rewrite(draft, X)
+        self.assertEqual(after, before)
+        self.assertExpectedInline(report, """[vocab_parallel] 0 rewrites, 0 refusals""")
 
     def test_internal_error_is_a_refusal(self):
         from draftfuse.passes.vocab_parallel import emit

@@ -48,7 +48,7 @@ from torch.fx.experimental.symbolic_shapes import free_unbacked_symbols
 from torch.multiprocessing.reductions import StorageWeakRef
 from torch.utils._pytree import tree_leaves
 
-from draftfuse.graph.values import REWIRED, Node, fake
+from draftfuse.graph.values import PROVENANCE, REWIRED, Node, fake
 
 _IN_PLACE_OPERATORS = frozenset({
     operator.setitem, operator.delitem, operator.iadd, operator.isub, operator.imul, operator.itruediv,
@@ -215,7 +215,7 @@ ALIASES = "draftfuse_aliases"  # node meta: positions of the inputs its value is
 def changes_global_state(node: Node) -> bool:
     """A call made for its effect on torch's global state: a torch function (no ATen op, no function on
     Python values) traced to no value. `torch._check` counts too: nothing is moved across it either."""
-    if node.op != "call_function" or "draftfuse_provenance" in node.meta or fake(node) is not None:
+    if node.op != "call_function" or PROVENANCE in node.meta or fake(node) is not None:
         return False
     if isinstance(node.target, (torch._ops.OpOverload, torch._ops.OpOverloadPacket)):
         return False

@@ -183,6 +183,14 @@ def carry_dynamo_metadata(source: torch.fx.GraphModule, target: torch.fx.GraphMo
 
 
 REWIRED = "draftfuse_rewired"
+PROVENANCE = "draftfuse_provenance"  # node meta: which rewrite made the node
+
+
+def made_by(node: Node) -> str:
+    """Which draftfuse rewrite made `node` ("" if none): one of the Dynamo graph's, or an ATen node traced
+    from one (AOT autograd copies a node's meta["custom"] onto the nodes it traces from it)."""
+    custom = node.meta.get("custom")
+    return node.meta.get(PROVENANCE) or (custom.get(PROVENANCE, "") if isinstance(custom, dict) else "")
 
 
 def rewire(old: Node, new: Node, readers: list[Node] | None = None) -> None:
@@ -230,7 +238,9 @@ def insert_after(
     for name in ("stack_trace", "nn_module_stack", "source_fn_stack"):
         if name in origin.meta:
             node.meta[name] = origin.meta[name]
-    node.meta["draftfuse_provenance"] = provenance
+    node.meta[PROVENANCE] = provenance
+    custom = origin.meta.get("custom")
+    node.meta["custom"] = {**(custom if isinstance(custom, dict) else {}), PROVENANCE: provenance}
     return node
 
 

@@ -78,19 +78,30 @@ class Match:
         return any(getattr(fake_tensor(node), "requires_grad", False) for node in sources)
 
 
-def _peel_casts_after_softmax(sel: Selection) -> tuple[Node, list[torch.dtype], list[Node]]:
-    """Walk from the selection's input back through float casts: (node, casts in order, cast nodes)."""
-    node, casts, cast_nodes = sel.input, [], []
+def _unkept_cast(dtype: Any) -> str:
+    """Why a cast of the probabilities cannot be kept by the rewrite ("" if it can)."""
+    if not (isinstance(dtype, torch.dtype) and dtype.is_floating_point):
+        return f"cast to {dtype} between softmax and selection changes the order"
+    if dtype.itemsize == 1:  # 3 or 2 mantissa bits: ties everywhere, where the original picks the lowest index
+        return f"cast to {dtype} between softmax and selection: most close probabilities round to one value"
+    return ""
+
+
+def _peel_casts_after_softmax(sel: Selection, level: str) -> tuple[Node, list[torch.dtype], list[Node]] | None:
+    """Walk from the selection's input back through casts: (node, casts in order, cast nodes); None past a
+    cast the rewrite cannot keep, unless a softmax is behind it (Refuse, with the cast's reason)."""
+    node, casts, cast_nodes, why = sel.input, [], [], ""
     while (cast := as_cast(node)) is not None:
         src, dtype = cast
-        if not (isinstance(dtype, torch.dtype) and dtype.is_floating_point):
-            raise Refuse(f"cast to {dtype} between softmax and selection changes the order")
-        if dtype.itemsize == 1:  # 3 or 2 mantissa bits: ties everywhere, where the original picks the lowest index
-            raise Refuse(f"cast to {dtype} between softmax and selection: most close probabilities round to one value")
+        why = why or _unkept_cast(dtype)
         casts.insert(0, dtype)
         cast_nodes.append(node)
         node = src
-    return node, casts, cast_nodes
+    if not why:
+        return node, casts, cast_nodes
+    if _near_softmax(node, level):
+        raise Refuse(why)
+    return None  # x.long().argmax(): no softmax, nothing to say
 
 
 def _looks_like_softmax(node: Any, level: str) -> bool:
@@ -102,12 +113,23 @@ def _looks_like_softmax(node: Any, level: str) -> bool:
         return True
 
 
+def _near_softmax(node: Node, level: str, itself: bool = True) -> bool:
+    """Whether `node` (with `itself`) or one of its arguments looks like a softmax: a near-match, whose
+    refusal is news."""
+    if itself and _looks_like_softmax(node, level):
+        return True
+    return node.op != "placeholder" and any(_looks_like_softmax(a, level) for a in node.args)
+
+
 def match(sel: Selection, level: str, effects: Effects) -> Match | None:
     """The rewrite of one selection; None if its input is no softmax; Refuse for near-matches."""
-    probs_node, casts, cast_nodes = _peel_casts_after_softmax(sel)
+    peeled_casts = _peel_casts_after_softmax(sel, level)
+    if peeled_casts is None:
+        return None
+    probs_node, casts, cast_nodes = peeled_casts
     softmax = recognise(probs_node, level)
     if softmax is None:
-        if probs_node.op != "placeholder" and any(_looks_like_softmax(a, level) for a in probs_node.args):
+        if _near_softmax(probs_node, level, itself=False):
             if effects.writes(probs_node):
                 raise Refuse(f"the probabilities are written in place between the softmax and the selection, by {describe(probs_node)}")
             raise Refuse(f"{probs_node.name} ({probs_node.target}) between softmax and selection is not understood")

@@ -19,7 +19,8 @@ Merge (candidates in rank-major order, tp * k per row):
             softmax input of the chosen logits, then the original's casts.
 A bare selection of the logits (no softmax): the same with torch's selection on this rank's logits (their
 casts and constant scales replayed on the shard), no m_r, t_r; its values are the chosen candidates, cast
-back to the selection input's dtype (exact: the payload holds every fp16/bf16/fp32 value, fp64 in float64).
+back to the selection input's dtype (exact: the payload holds every fp16/bf16/fp32 value, fp64 in float64;
+a NaN stays a NaN, with other bits maybe).
 """
 
 from __future__ import annotations
@@ -32,11 +33,10 @@ import torch
 from draftfuse.graph.values import Node, fake_tensor
 from draftfuse.passes.softmax_topk.emit import AtenEmitter, TorchEmitter
 from draftfuse.passes.softmax_topk.rewrite import _kernel_choice, _replay_casts
-from draftfuse.passes.vocab_parallel.match import VocabMatch
+from draftfuse.passes.vocab_parallel.match import PASS_NAME, VocabMatch
 
 aten = torch.ops.aten
 prims = torch.ops.prims
-PASS_NAME = "vocab_parallel"
 
 
 class _Spelled:

@@ -1,7 +1,7 @@
 """The reassembly: proving that the ops between the gather and the logits put rank r's shard at
 vocabulary positions [r * S, (r + 1) * S), and saying what each rank's own logits are.
 
-    reassemble(gather, logits) -> Reassembly       (Refuse when it cannot be proven)
+    reassemble(gather, logits, reader) -> Reassembly       (Refuse when it cannot be proven)
 
 Two phases, in graph order along the chain of nodes from the gathered value to the logits:
 
@@ -192,14 +192,14 @@ def _cat(node: Node, states: dict[Node, Any], stack: bool, tp: int) -> Layout:
     return Layout(tuple(dims))
 
 
-def _not_understood(node: Node) -> Refuse:
+def _not_understood(node: Node, reader: str) -> Refuse:
     key = target_key(node)
     if key in _MASKS:
         return Refuse(f"a padded vocabulary without a known mask: {node.name} masks the gathered logits with a tensor")
-    return Refuse(f"{node.name} ({getattr(key, '__name__', key)}) between the gather and the softmax is not understood")
+    return Refuse(f"{node.name} ({getattr(key, '__name__', key)}) between the gather and the {reader} is not understood")
 
 
-def _step(node: Node, states: dict[Node, Any], tp: int) -> Any:
+def _step(node: Node, states: dict[Node, Any], tp: int, reader: str) -> Any:
     """The layout of `node`'s value from its inputs' (phase 1)."""
     key = target_key(node)
     source = states.get(node.args[0]) if node.args else None
@@ -208,7 +208,7 @@ def _step(node: Node, states: dict[Node, Any], tp: int) -> Any:
     if key in _CATS:
         return _cat(node, states, _CATS[key], tp)
     if not isinstance(source, Layout):
-        raise _not_understood(node)
+        raise _not_understood(node, reader)
     if key in _SPLITS:
         return _split(node, source, _SPLITS[key], tp)
     if key in _PERMUTES:
@@ -216,7 +216,7 @@ def _step(node: Node, states: dict[Node, Any], tp: int) -> Any:
         return Layout(tuple(source.dims[p] for p in perm), source.rank)
     if key in _VIEWS:
         return _regroup(source, _static_shape(node), node)
-    raise _not_understood(node)
+    raise _not_understood(node, reader)
 
 
 def _full_dim(layout: Layout, shard_factors: list[Factor]) -> int | None:
@@ -251,7 +251,7 @@ def _prefix(start: Any, stop: Any, step: Any, size: int, node: Node) -> int | No
     raise Refuse(f"a padded vocabulary without a known mask: {node.name} slices the vocabulary [{start}:{stop}:{step}]")
 
 
-def _getitem(node: Node, dim: int, size: int) -> tuple[tuple, int, int | None]:
+def _getitem(node: Node, dim: int, size: int, reader: str) -> tuple[tuple, int, int | None]:
     """(local index, the vocabulary dim after it, kept prefix) for x[index] on the full logits."""
     index = node.args[1]
     entries = list(index) if isinstance(index, tuple) else [index]
@@ -275,7 +275,7 @@ def _getitem(node: Node, dim: int, size: int) -> tuple[tuple, int, int | None]:
             out_dim += 1
         elif in_dim == dim:
             if not isinstance(e, slice):
-                raise Refuse(f"{node.name} picks single vocabulary entries: no softmax over the vocabulary")
+                raise Refuse(f"{node.name} picks single vocabulary entries: no {reader} over the vocabulary")
             keep = _prefix(e.start, e.stop, e.step, size, node)
             e, new_dim = slice(None), out_dim
             in_dim, out_dim = in_dim + 1, out_dim + 1
@@ -285,23 +285,23 @@ def _getitem(node: Node, dim: int, size: int) -> tuple[tuple, int, int | None]:
     return tuple(local), new_dim, keep
 
 
-def _index(node: Node, dim: int, size: int) -> tuple[LocalOp | None, int, int | None]:
+def _index(node: Node, dim: int, size: int, reader: str) -> tuple[LocalOp | None, int, int | None]:
     """Phase 2: (the op to replay or None, the vocabulary dim after it, kept prefix or None)."""
     key = target_key(node)
     if key is operator.getitem:
-        index, new_dim, keep = _getitem(node, dim, size)
+        index, new_dim, keep = _getitem(node, dim, size, reader)
         whole = all(e == slice(None) for e in index) and len(index) == fake_tensor(node.args[0]).dim()
         return (None if whole else LocalOp(node, (node.args[0], index), {})), new_dim, keep
     if (cast := as_cast(node)) is not None:
         source = fake_tensor(cast[0])
         if not is_upcast(source.dtype if source is not None else None, cast[1]):
-            raise Refuse(f"{node.name}: a narrowing cast of the gathered logits before the softmax's own")
+            raise Refuse(f"{node.name}: a narrowing cast of the gathered logits where they are indexed, before the {reader}")
         return LocalOp(node, node.args, dict(node.kwargs)), dim, None
     ndim = fake_tensor(node.args[0]).dim()
     if key is aten.select.int:
         at = normalise_dim(node.args[1], ndim)
         if at == dim:
-            raise Refuse(f"{node.name} picks single vocabulary entries: no softmax over the vocabulary")
+            raise Refuse(f"{node.name} picks single vocabulary entries: no {reader} over the vocabulary")
         return LocalOp(node, node.args, {}), dim - (at < dim), None
     names = ("input", "dim", "start", "end", "step") if key is aten.slice.Tensor else ("input", "dim", "start", "length")
     bound = bind(node, names)
@@ -336,7 +336,9 @@ def chain_between(start: Node, end: Node) -> list[Node]:
     return [n for n in start.graph.nodes if n in back]
 
 
-def reassemble(gather: Gather, logits: Node) -> Reassembly:
+def reassemble(gather: Gather, logits: Node, reader: str) -> Reassembly:
+    """How `logits` is made from the gather's shards (the module docstring); Refuse if it is not understood.
+    `reader`: what reads the logits, as refusals name it ("softmax", or "selection" for a bare one)."""
     chain = chain_between(gather.start, logits)
     if not chain:
         raise Refuse("the logits do not come from the gather")
@@ -349,7 +351,7 @@ def reassemble(gather: Gather, logits: Node) -> Reassembly:
     states: dict[Node, Any] = {gather.start: _start(gather, shard_shape)}
     position = 1
     while position < len(chain) and not _is_index(chain[position]):
-        states[chain[position]] = _step(chain[position], states, gather.tp)
+        states[chain[position]] = _step(chain[position], states, gather.tp, reader)
         position += 1
     full = chain[position - 1]
     dim = _full_dim(states[full], shard_factors) if isinstance(states[full], Layout) else None
@@ -360,10 +362,10 @@ def reassemble(gather: Gather, logits: Node) -> Reassembly:
     size, shard_vocab, keep, ops = shape[dim], local_shape[dim], None, []
     for previous, node in zip(chain[position - 1 :], chain[position:]):
         if node.args[0] is not previous or not (_is_index(node) or target_key(node) in _IDENTITY):
-            raise _not_understood(node)
+            raise _not_understood(node, reader)
         if target_key(node) in _IDENTITY:
             continue
-        op, dim, kept = _index(node, dim, size)
+        op, dim, kept = _index(node, dim, size, reader)
         if op is not None:
             ops.append(op)
         if kept is not None:

@@ -21,7 +21,7 @@ A bare selection of the gathered logits (argmax, max, topk with no softmax: vLLM
 takes `logits.argmax(dim=-1)`), through dtype casts and constant scales, is localised under the same
 rules, read up to the selection instead of the softmax. Each cast or scale acts on every entry alone, so
 each rank replays it on its shard; the selection's values, fp16/bf16/fp32 (fp64), travel exactly in a
-float32 (float64) payload. Refused: smallest selections, topk(sorted=False), integer values.
+float32 (float64) payload (a NaN as a NaN). Refused: smallest selections, topk(sorted=False), integer values.
 """
 
 from __future__ import annotations
@@ -33,7 +33,7 @@ import torch
 
 from draftfuse.graph.effects import Effects
 from draftfuse.graph.selection import Selection
-from draftfuse.graph.values import Node, fake_tensor, is_call, normalise_dim, rank, target_key
+from draftfuse.graph.values import Node, fake_tensor, is_call, made_by, normalise_dim, rank, target_key
 from draftfuse.passes.driver import Refuse
 from draftfuse.passes.softmax_topk.forms import as_cast, as_scale
 from draftfuse.passes.softmax_topk.match import Match
@@ -44,6 +44,7 @@ from draftfuse.passes.vocab_parallel.gather import Gather, as_gather, is_gather_
 from draftfuse.passes.vocab_parallel.layout import Reassembly, chain_between, reassemble
 
 aten = torch.ops.aten
+PASS_NAME = "vocab_parallel"
 # Exact integers in the payload: float32 holds every id below 2**24, float64 below 2**53.
 _EXACT_IDS = {torch.float32: 2**24, torch.float64: 2**53}
 # The payload dtype a bare selection's values travel in exactly, by their dtype.
@@ -90,20 +91,31 @@ class VocabMatch:
 
 
 def _walk_back(node: Node, through: set, limit: int = 256) -> Gather | None:
-    """The gather behind `node`, walking back only through the ops in `through` (and casts, scales)."""
+    """The gather behind `node`, walking back only through the ops in `through` (and casts, scales). From
+    `node` itself, whatever its op, to the inputs of its shape: an op on the gathered entries one by one
+    (tanh(g / 30) * 30), found so that the reassembly names it; not h_gathered @ w.T, whose entries are
+    no gathered logits."""
     seen, frontier = {node}, [node]
     while frontier and len(seen) < limit:
         current = frontier.pop()
         found = as_gather(current)
         if found is not None:
             return found
-        if current is not node and not (target_key(current) in through or as_cast(current) or as_scale(current)):
+        passes = target_key(current) in through or as_cast(current) or as_scale(current)
+        if current is not node and not passes:
             continue
         for source in current.all_input_nodes:
+            if not passes and _shape(source) != _shape(current):
+                continue
             if source not in seen:
                 seen.add(source)
                 frontier.append(source)
     return None
+
+
+def _shape(node: Node) -> tuple | None:
+    value = fake_tensor(node)
+    return None if value is None else tuple(value.shape)
 
 
 def _gathered_into_buffers(node: Node) -> bool:
@@ -145,6 +157,8 @@ def _compute_dtype(m: Match) -> torch.dtype:
 
 def match(sel: Selection, level: str, effects: Effects, half_probs: str = "rewrite") -> VocabMatch | None:
     """The localisation of one selection; None when its logits are no gather's; Refuse for near-matches."""
+    if made_by(sel.node).startswith(PASS_NAME):  # the merge of a rewrite at the Dynamo level, now in ATen ops
+        return None
     try:
         m = match_softmax(sel, level, effects)
     except Refuse:
@@ -217,7 +231,7 @@ def _localised(m: Match | Bare, gather: Gather, scores: list[Node], compute: tor
     """The legality both forms share, from the gather to `end` (the softmax, or a bare selection), which
     reads `scores` (the nodes from the logits on) last."""
     sel, reader = m.selection, "selection" if end is m.selection.node else "softmax"
-    found = reassemble(gather, m.logits)
+    found = reassemble(gather, m.logits, reader)
     if found.dim != m.dim:
         raise Refuse(f"the shards are concatenated along dim {found.dim}, the {reader} is over dim {m.dim}")
     pattern = sorted({*gather.nodes, *chain_between(gather.start, sel.node)}, key=effects.order.get)

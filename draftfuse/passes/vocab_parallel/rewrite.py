@@ -66,5 +66,5 @@ def rewrite_graph(graph: torch.fx.Graph, *, probs: str = "exact", lowering: str 
     if level == "aten" and report.rewrites:
         graph.eliminate_dead_code()
     if report.rewrites:
-        report.notes.append("each rank selects on its own shard; one all_gather carries k candidates (and the softmax's max and exp-sum) per rank")
+        report.notes.append("each rank selects on its own shard; one all_gather carries k candidates per rank (after a softmax, with its max and exp-sum)")
     return report
