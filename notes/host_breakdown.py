@@ -39,6 +39,7 @@ from benchmarks import _drafts  # noqa: E402
 from draftfuse import _measure  # noqa: E402
 from draftfuse.runtime.draft_loop import DraftLoop  # noqa: E402
 
+PROFILE = False  # --profile
 ROUNDS = 9  # host_time batches of each of the variants that take turns
 BUILDERS = {"mtp": _drafts.build_mtp, "eagle": _drafts.build_eagle, "draft_model": _drafts.build_draft_model}
 
@@ -54,6 +55,23 @@ def python_us(call, calls: int = 2000) -> float:
     for _ in range(calls):
         call()
     return (time.perf_counter() - start) / calls * 1e6
+
+
+def profile(call, calls: int = 20000, top: int = 25) -> list[str]:
+    """cProfile of `calls` calls: the `top` functions by own time, µs per call each (cProfile's own cost
+    inflates every function's share alike; the order is what it tells)."""
+    import cProfile
+    import pstats
+
+    profiler = cProfile.Profile()
+    profiler.enable()
+    for _ in range(calls):
+        call()
+    profiler.disable()
+    stats = pstats.Stats(profiler).stats
+    rows = sorted(stats.items(), key=lambda item: -item[1][2])[:top]
+    return [f"{tt / calls * 1e6:6.2f} own {ct / calls * 1e6:6.2f} cum  x{nc // calls}  {Path(f).name}:{line}:{fn}"
+            for (f, line, fn), (cc, nc, tt, ct, _) in rows]
 
 
 def graph_nodes(graph) -> dict[str, int]:
@@ -152,6 +170,8 @@ def breakdown(name: str, batch: int, device: torch.device, size: str) -> dict:
         g.replay = lambda: None  # the instance attribute shadows the method
     try:
         out["draftfuse Python only (no GPU work)"] = python_us(ours)  # spares handed out: no copy either
+        if PROFILE:
+            out["profile of draftfuse Python only"] = profile(ours)
     finally:
         for g, method in zip(graphs, replays):
             g.replay = method
@@ -170,7 +190,10 @@ def main() -> None:
     parser.add_argument("--only", nargs="+", default=list(BUILDERS))
     parser.add_argument("--out", help="write the rows as JSON here")
     parser.add_argument("--device", default="cuda", help="cuda; cpu only checks the script (size tiny)")
+    parser.add_argument("--profile", action="store_true", help="also a cProfile of draftfuse's Python only (top 25 by own time)")
     args = parser.parse_args()
+    global PROFILE
+    PROFILE = args.profile
     device = torch.device(args.device)
     size = "reference" if device.type == "cuda" else "tiny"
     rows = []
