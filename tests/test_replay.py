@@ -289,6 +289,21 @@ def test_after_a_weight_moved_the_draft_is_recorded_again_and_replays():
     assert len(compiled.compiles) == 1, "p.data = ... records again without a compile"
 
 
+def test_new_parameter_objects_past_max_compiles_say_to_load_weights_in_place():
+    """Each new Parameter object costs a compile (the recording reads the old one's memory); past max_compiles
+    the error said to "keep shapes and Python arguments the same", which no argument had changed."""
+    head, hidden, cache, position = make()
+    compiled = warmed(draftfuse.draft_loop(draft, max_compiles=2), head, hidden, cache, position)
+    head.proj.weight = nn.Parameter(torch.randn(8, 8), requires_grad=False)
+    for _ in range(3):  # compile 2, warm-up, record (its Replay guards the new weight's identity)
+        check_same(compiled, head, hidden, cache, position)
+    head.proj.weight = nn.Parameter(torch.randn(8, 8), requires_grad=False)
+    with pytest.raises(draftfuse.RecompileError) as raised:
+        compiled(head, hidden, cache, position)
+    assert "the tensor the recorded graph reads" in str(raised.value)
+    assert "p.copy_(w)" in str(raised.value) and "keep shapes" not in str(raised.value)
+
+
 def test_the_overlap_check_is_the_one_of_the_compile_replayed():
     @draftfuse.draft_loop
     def step(x, kv):
@@ -333,8 +348,9 @@ def test_a_returned_argument_tensor_is_the_argument_on_every_path():
 def test_an_argument_sharing_the_written_cache_raises():
     head, hidden, cache, position = make()
     compiled = warmed(draftfuse.draft_loop(draft), head, hidden, cache, position)
-    with pytest.raises(draftfuse.DraftCaptureError, match="shares memory with an input the draft writes"):
+    with pytest.raises(draftfuse.DraftCaptureError, match="shares memory with an input the draft writes") as raised:
         compiled(head, cache[:2], cache, position)
+    assert "input 'hidden' shares memory with an input the draft writes in place ('cache')" in str(raised.value)  # both named
 
 
 def test_the_overlap_check_runs_for_inputs_not_read_in_place():
@@ -443,6 +459,48 @@ def test_a_module_and_a_bound_method_replay_without_dynamo(which):
     # project's CPU machine one element of the three-step chain differed by one float32 ulp)
     assert torch.equal(got[0], want[0])
     torch.testing.assert_close(got[1], want[1])
+
+
+def test_hooks_added_to_a_module_draft_after_its_first_call_are_run():
+    """draft_loop(module) traces the module's hooks into the region, and Dynamo guards none: a hook registered
+    (or removed) after the first call was not run, by a replay or through Dynamo. Its own hooks and the global
+    module hooks are checked on every call now; a change compiles the draft anew, which then replays again."""
+    from torch.nn.modules.module import register_module_forward_hook
+
+    model, hidden = _Stepper(), torch.randn(2, 8)
+    compiled = draftfuse.draft_loop(model)
+
+    def check(compiles: int) -> None:
+        cache = model.cache.clone()
+        got = compiled(hidden)
+        model.cache.copy_(cache)
+        with torch.no_grad():
+            want = model(hidden)
+        assert torch.equal(got[0], want[0])
+        torch.testing.assert_close(got[1], want[1])
+        assert len(compiled.compiles) == compiles
+
+    for _ in range(3):
+        check(1)
+    assert compiled._replays
+    changes = [
+        lambda: model.register_forward_hook(lambda module, args, out: (out[0], out[1] * -2.0)),
+        lambda: model.register_forward_pre_hook(lambda module, args: (args[0] + 1.0,)),
+        lambda: register_module_forward_hook(lambda module, args, out: out * 0.5 if module is model.head.proj else out),
+    ]
+    compiles = 1
+    for change in changes:
+        handle = change()
+        compiles += 1
+        for _ in range(3):
+            check(compiles)
+        assert compiled._replays, "the draft compiled anew replays without Dynamo again"
+        handle.remove()
+        compiles += 1
+        for _ in range(3):
+            check(compiles)
+    model.register_forward_hook(lambda module, args, out: out).remove()  # added and removed between calls: the same hooks
+    check(compiles)
 
 
 def test_a_returned_argument_object_is_the_call_s_own():

@@ -214,12 +214,13 @@ def moved_input_error(written: WrittenInput) -> CudagraphSkipError:
     )
 
 
-def guard_written_inputs(compiled: Callable[..., Any], written: list[WrittenInput], example_inputs: list[Any]) -> Callable[..., Any]:
+def guard_written_inputs(compiled: Callable[..., Any], written: list[WrittenInput], example_inputs: list[Any], names: list[str]) -> Callable[..., Any]:
     """Check, on every call, that each written input is the tensor the draft was compiled with, and
-    that no other tensor argument shares its memory unless one did when traced."""
+    that no other tensor argument shares its memory unless one did when traced. `names`: the user's name
+    of each graph input."""
     addresses = [(item, example_inputs[item.index].data_ptr()) for item in written]
     storage = lambda t: t.untyped_storage().data_ptr()  # noqa: E731
-    written_storages = {storage(example_inputs[item.index]) for item in written}
+    written_storages = {storage(example_inputs[item.index]): item.name for item in written}
     traced_sharing = {id(v) for v in example_inputs if isinstance(v, torch.Tensor) and storage(v) in written_storages}
     written_positions = {item.index for item in written}
 
@@ -237,9 +238,10 @@ def guard_written_inputs(compiled: Callable[..., Any], written: list[WrittenInpu
                 continue
             if isinstance(value, torch.Tensor) and id(value) not in traced_sharing and storage(value) in written_storages:
                 raise DraftCaptureError(
-                    "an argument shares memory with an input the draft writes in place, which it did not when the "
-                    "draft was compiled: the compiled draft reads the memory as traced",
-                    fix="pass tensors that do not overlap the ones the draft writes (or the same views on every call)",
+                    f"input {names[position]!r} shares memory with an input the draft writes in place "
+                    f"({written_storages[storage(value)]!r}), which it did not when the draft was compiled: the compiled "
+                    "draft reads the memory as traced",
+                    fix=f"pass a tensor for {names[position]!r} that does not overlap the ones the draft writes (or the same view on every call)",
                 )
 
     def run(*args: Any) -> Any:

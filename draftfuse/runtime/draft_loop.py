@@ -57,15 +57,16 @@ from typing import Any
 import torch
 from torch._dynamo import eval_frame as _eval_frame
 
-from draftfuse.graph.values import user_frame
+from draftfuse.graph.values import input_name, user_frame
 from draftfuse.options import Options
 from draftfuse.runtime import checks
 from draftfuse.runtime.binding import binder, sync_defaults
 from draftfuse.runtime.errors import DraftCaptureError, RecompileError, causes
+from draftfuse.runtime.hooks import HookWatch
 from draftfuse.runtime.methods import AsMethod
 from draftfuse.runtime.pipeline import CompileRecord, lower, prepare
 from draftfuse.runtime.recorder import GraphRecorder, log
-from draftfuse.runtime.replay import Replay, warn_no_fast_replay
+from draftfuse.runtime.replay import IDENTITY_GUARD, Replay, warn_no_fast_replay
 from draftfuse.runtime.tracing import capture_error, own_code
 
 _CPU_WARNING = (
@@ -114,6 +115,9 @@ class DraftLoop(AsMethod):
         self._signatures: list[dict[str, str]] = []  # the arguments that led to each compile
         self._current_call: tuple[tuple, dict] | None = None
         self._warned_cpu = self._warn_cpu = False
+        # a module's call traces its hooks, which no guard holds: watched here (hooks.py)
+        module_call = isinstance(instance, torch.nn.Module) and fn is getattr(type(instance), "__call__", None)
+        self._hooks = HookWatch(instance) if module_call else None
 
     def __deepcopy__(self, memo: dict) -> DraftLoop:
         """copy.deepcopy of a worker: the copy's draft is its own, bound to the copy and compiled afresh on its
@@ -152,6 +156,8 @@ class DraftLoop(AsMethod):
             args = (self._instance, *args)
         if torch.compiler.is_compiling():  # called inside another compiled region (a draft in a draft): traced there
             return self.inline_fn(*args, **kwargs)
+        if self._hooks is not None and self._hooks.changed():
+            self._compile_anew("a hook of the draft module (or a global module hook) was added or removed")
         # a stance other than the default (force_eager, say) is honoured by Dynamo's path, which reads it per call
         f_locals = self._bind(args, kwargs) if self._replays and _eval_frame._stance.stance == "default" else None
         if f_locals is not None:
@@ -170,6 +176,13 @@ class DraftLoop(AsMethod):
             finally:
                 torch._C._set_grad_enabled(grad)
         return self._call_through_dynamo(args, kwargs)
+
+    def _compile_anew(self, why: str) -> None:
+        """Drop the draft's compiled code and recordings (its next call compiles, its compile count starts again)."""
+        log.info("draftfuse: %s since %r was compiled: compiling it anew", why, self.__qualname__)
+        self._replays = []
+        if (code := getattr(self._code_fn, "__code__", None)) is not None:
+            _eval_frame.reset_code(code)
 
     def _call_through_dynamo(self, args: tuple, kwargs: dict) -> Any:
         self._current_call = (args, kwargs)
@@ -303,11 +316,11 @@ class DraftLoop(AsMethod):
                 checks.make_static(prepared.graph_module, example_inputs, item)
         compiled, record = lower(prepared, example_inputs, options)
         self.compiles.append(record)
+        placeholders = prepared.graph_module.graph.find_nodes(op="placeholder")
         if written:
-            compiled = checks.guard_written_inputs(compiled, written, example_inputs)
+            compiled = checks.guard_written_inputs(compiled, written, example_inputs, [input_name(p) for p in placeholders])
         if not own_graph:
             return compiled
-        placeholders = prepared.graph_module.graph.find_nodes(op="placeholder")
         written_at = {item.index for item in written}
         # read where they are: weights, buffers and written inputs (a plain tensor attribute is read per call)
         static = [checks.is_static(p) and (i in written_at or checks.is_parameter_or_buffer(p)) for i, p in enumerate(placeholders)]
@@ -330,8 +343,13 @@ class DraftLoop(AsMethod):
             f"(max_compiles={self._max_compiles}): "
             + (f"what changed since the last compile: {change}" if change else "no argument changed as a whole")
             + (f" (Dynamo: guard failed: {guard})" if guard else ""),
-            fix="keep shapes and Python arguments the same on every call (pass changing values as "
-            "tensors, pad batches to a few fixed sizes), or raise max_compiles if each is expected",
+            fix=(
+                "load new weights into the ones the draft was compiled with (p.copy_(w), load_state_dict), or set "
+                "p.data = w (records the graph again, no compile): each new Parameter or buffer object costs a compile"
+                if IDENTITY_GUARD in guard else
+                "keep shapes and Python arguments the same on every call (pass changing values as tensors, pad "
+                "batches to a few fixed sizes), or raise max_compiles if each is expected"
+            ),
         )
 
     def _signature(self) -> dict[str, str]:

@@ -188,8 +188,11 @@ def _static_check(statics: list[tuple[str, torch.Tensor, bool]]) -> Callable[[di
     return eval(compile(f"lambda L: {terms}", "<draftfuse static input check>", "eval"), {"V": [v for _, v, _ in statics]})
 
 
+IDENTITY_GUARD = "is the tensor the recorded graph reads"  # a weight's guard, as a failure of it reads
+
+
 def _add_identity_guard(node: Any, value: Any, name: str) -> None:
-    verbose = [f"draftfuse: {name} is the tensor the recorded graph reads"]
+    verbose = [f"draftfuse: {name} {IDENTITY_GUARD}"]
     try:
         node.add_id_match_guard(id(value), verbose, None)  # torch 2.13: (id, code parts, user stack)
     except TypeError:
