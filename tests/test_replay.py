@@ -468,7 +468,7 @@ def test_hooks_added_to_a_module_draft_after_its_first_call_are_run():
     from torch.nn.modules.module import register_module_forward_hook
 
     model, hidden = _Stepper(), torch.randn(2, 8)
-    compiled = draftfuse.draft_loop(model)
+    compiled = draftfuse.draft_loop(model, max_compiles=7)
 
     def check(compiles: int) -> None:
         cache = model.cache.clone()
@@ -501,6 +501,13 @@ def test_hooks_added_to_a_module_draft_after_its_first_call_are_run():
             check(compiles)
     model.register_forward_hook(lambda module, args, out: out).remove()  # added and removed between calls: the same hooks
     check(compiles)
+    # each change is a compile, counted against max_compiles (a hook added and removed around every call is no
+    # reason to compile without end)
+    handle = model.register_forward_hook(lambda module, args, out: out)
+    with pytest.raises(draftfuse.RecompileError, match="needs compile number 8") as raised:
+        compiled(hidden)
+    assert "hook of the draft module" in str(raised.value) and "register the draft module's hooks before" in str(raised.value)
+    handle.remove()
 
 
 def test_a_returned_argument_object_is_the_call_s_own():

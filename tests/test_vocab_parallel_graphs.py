@@ -531,6 +531,9 @@ class Refusals(_FakeGroup):
         def negated(x):  # the op is named with what reads it: no softmax here either
             return (-_tp.gather_dim(x)).argmax(dim=-1)
 
+        def beams(x):  # an op broadcasting the gathered logits is found behind (not only one of their shape)
+            return (_tp.gather_dim(x)[:, None, :] + torch.zeros(3, 4, 1)).argmax(dim=-1)
+
         self.assertExpectedInline(self.refusal(returns_logits, X), """\
 [vocab_parallel] 0 rewrites, 1 refusal
   tests/test_vocab_parallel_graphs.py:512: refused: the gathered logits have other users: res_1 is also read by output [argmax]""")
@@ -555,6 +558,9 @@ class Refusals(_FakeGroup):
         self.assertExpectedInline(self.refusal(negated, X), """\
 [vocab_parallel] 0 rewrites, 1 refusal
   tests/test_vocab_parallel_graphs.py:532: refused: neg (neg) between the gather and the selection is not understood [argmax]""")
+        self.assertExpectedInline(self.refusal(beams, X), """\
+[vocab_parallel] 0 rewrites, 1 refusal
+  tests/test_vocab_parallel_graphs.py:535: refused: add (add) between the gather and the selection is not understood [argmax]""")
 
     def test_a_selection_of_values_computed_from_gathered_ones_is_not_reported(self):
         """Sequence parallelism gathers the hidden states (along the rows), then the full head: the argmax

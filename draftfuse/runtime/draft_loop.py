@@ -113,6 +113,7 @@ class DraftLoop(AsMethod):
         # the region, and torch._dynamo.reset() (or an evicted entry) frees it with its CUDA graphs
         self._recorder_refs: list[tuple[weakref.ref[GraphRecorder], list[torch.fx.Node]]] = []
         self._signatures: list[dict[str, str]] = []  # the arguments that led to each compile
+        self._anew = ""  # why the draft's code was dropped for a compile anew (its compiles stay counted)
         self._current_call: tuple[tuple, dict] | None = None
         self._warned_cpu = self._warn_cpu = False
         # a module's call traces its hooks, which no guard holds: watched here (hooks.py)
@@ -178,9 +179,9 @@ class DraftLoop(AsMethod):
         return self._call_through_dynamo(args, kwargs)
 
     def _compile_anew(self, why: str) -> None:
-        """Drop the draft's compiled code and recordings (its next call compiles, its compile count starts again)."""
+        """Drop the draft's compiled code and recordings: its next call compiles, and counts against max_compiles."""
         log.info("draftfuse: %s since %r was compiled: compiling it anew", why, self.__qualname__)
-        self._replays = []
+        self._replays, self._anew = [], why
         if (code := getattr(self._code_fn, "__code__", None)) is not None:
             _eval_frame.reset_code(code)
 
@@ -330,7 +331,8 @@ class DraftLoop(AsMethod):
         return _translating_capture_errors(recorder)
 
     def _check_recompiles(self) -> None:
-        if hasattr(self._code_fn, "__code__") and not self._cache_entries():
+        anew, self._anew = self._anew, ""
+        if hasattr(self._code_fn, "__code__") and not self._cache_entries() and not anew:
             self._signatures.clear()  # its code's entries are gone (torch._dynamo.reset()), and the compiles counted
         signature = self._signature()
         if len(self._signatures) < self._max_compiles:
@@ -342,8 +344,10 @@ class DraftLoop(AsMethod):
             f"draft {getattr(self._fn, '__qualname__', '')!r} needs compile number {len(self._signatures) + 1} "
             f"(max_compiles={self._max_compiles}): "
             + (f"what changed since the last compile: {change}" if change else "no argument changed as a whole")
-            + (f" (Dynamo: guard failed: {guard})" if guard else ""),
+            + (f" ({anew})" if anew else f" (Dynamo: guard failed: {guard})" if guard else ""),
             fix=(
+                "register the draft module's hooks before its first call (each change compiles it anew), or raise max_compiles"
+                if anew else
                 "load new weights into the ones the draft was compiled with (p.copy_(w), load_state_dict), or set "
                 "p.data = w (records the graph again, no compile): each new Parameter or buffer object costs a compile"
                 if IDENTITY_GUARD in guard else

@@ -92,9 +92,9 @@ class VocabMatch:
 
 def _walk_back(node: Node, through: set, limit: int = 256) -> Gather | None:
     """The gather behind `node`, walking back only through the ops in `through` (and casts, scales). From
-    `node` itself, whatever its op, to the inputs of its shape: an op on the gathered entries one by one
-    (tanh(g / 30) * 30), found so that the reassembly names it; not h_gathered @ w.T, whose entries are
-    no gathered logits."""
+    `node` itself, whatever its op, to the inputs that broadcast to its shape: an op on the gathered entries
+    one by one (tanh(g / 30) * 30, g[:, None] + beams), found so that the reassembly names it; not
+    h_gathered @ w.T, whose entries are no gathered logits."""
     seen, frontier = {node}, [node]
     while frontier and len(seen) < limit:
         current = frontier.pop()
@@ -105,7 +105,7 @@ def _walk_back(node: Node, through: set, limit: int = 256) -> Gather | None:
         if current is not node and not passes:
             continue
         for source in current.all_input_nodes:
-            if not passes and _shape(source) != _shape(current):
+            if not passes and not _broadcasts(source, current):
                 continue
             if source not in seen:
                 seen.add(source)
@@ -113,9 +113,15 @@ def _walk_back(node: Node, through: set, limit: int = 256) -> Gather | None:
     return None
 
 
-def _shape(node: Node) -> tuple | None:
-    value = fake_tensor(node)
-    return None if value is None else tuple(value.shape)
+def _broadcasts(source: Node, node: Node) -> bool:
+    """Whether `source`'s value broadcasts to `node`'s shape (True without metadata: nothing is known)."""
+    a, b = fake_tensor(source), fake_tensor(node)
+    if a is None or b is None:
+        return True
+    try:
+        return tuple(torch.broadcast_shapes(a.shape, b.shape)) == tuple(b.shape)
+    except RuntimeError:
+        return False
 
 
 def _gathered_into_buffers(node: Node) -> bool:
