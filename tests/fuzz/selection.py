@@ -1101,8 +1101,9 @@ def compare_grads(program: SelectionProgram, want: Any, got: Any, want_inputs: l
             raise Failure("gradient missing", f"input {program.args[i][0]}: {g} vs eager {w}", oracle)
         if w is None or g is None:
             continue
-        tolerance = 0.05 * float(w.abs().max()) + 1e-6
-        if not bool(((g.double() - w.double()).abs() <= tolerance).all()):
+        w, g = w.double(), g.double()
+        tolerance = 0.05 * float(w.abs().nan_to_num(0.0).max()) + 1e-6
+        if not bool(((g - w).abs() <= tolerance).logical_or(g.isnan() & w.isnan()).logical_or(g == w).all()):  # NaN where eager's is
             raise Failure("gradients differ", f"input {program.args[i][0]}: {g.tolist()} vs eager {w.tolist()}", oracle)
 
 
