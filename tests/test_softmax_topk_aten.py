@@ -453,6 +453,45 @@ class AtenRecognisers(TestCase):
             self.assertEqual(len(result.report.rewrites), int(off == "nothing" and temperature is t), (off, str(result.report)))
             self.assertTrue(torch.equal(result.graph_module(x, temperature, other), gm(x, temperature, other)), off)
 
+    def test_torch_2_11s_signed_temperature_form_without_the_where(self):
+        """torch 2.11's Inductor gives softmax(x / t) (or x * s) for a tensor t as the where's first branch
+        alone, exp((x * w - amax(x * w)) / (w * t)) (the CUDA suite on torch 2.11 found it unrewritten): with
+        nothing off, rewritten in the order of x * sign(t), on torch's ops and on the kernels (so are 2 * x
+        and x.flip(-1) for x: other logits); with w, t or the divisor not one tensor's, left alone."""
+        from torch.fx.experimental.proxy_tensor import make_fx
+
+        from draftfuse.passes import rewrite_softmax_topk
+
+        def bare_form(x, t, other, off, op):
+            one = torch.scalar_tensor(1.0)
+            w = torch.where((other if off == "sign of another" else t) >= (1.0 if off == "sign of t - 1" else 0.0), one, -one)
+            a = {"signed branch of another": x.flip(-1), "scaled by 2": x * 2.0}.get(off, x) * w
+            divisor = w * (other if off == "divisor" else t)
+            z = (a - a.amax(-1, keepdim=True)) / divisor if op == "div" else (a - a.amax(-1, keepdim=True)) * divisor
+            e = z.exp()
+            return (e / e.sum(-1, keepdim=True)).argmax(-1)
+
+        gen = torch.Generator().manual_seed(2)
+        x = torch.randn(6, 32, generator=gen)
+        t = torch.tensor([[0.5], [-0.5], [2.0], [-3.0], [0.7], [-1.0]])
+        other = torch.tensor([[-2.0], [0.25], [-1.0], [3.0], [-0.7], [1.5]])
+        per_entry = torch.randn(6, 32, generator=gen)
+        negative = (t < 0).squeeze(1)
+        cases = [("nothing", t, "div", "torch"), ("nothing", t, "div", "kernels"), ("nothing", t, "mul", "kernels"), ("scaled by 2", t, "div", "kernels"),
+                 ("sign of another", t, "div", "torch"), ("sign of t - 1", t, "div", "torch"), ("divisor", t, "div", "torch"),
+                 ("signed branch of another", t, "div", "kernels"), ("nothing", per_entry, "div", "torch")]  # fmt: skip
+        for off, temperature, op, lowering in cases:
+            gm = make_fx(functools.partial(bare_form, off=off, op=op), tracing_mode="fake")(x, temperature, other)
+            result = rewrite_softmax_topk(gm, lowering=lowering)
+            rewritten = off in ("nothing", "scaled by 2", "signed branch of another") and temperature is t
+            self.assertEqual(len(result.report.rewrites), int(rewritten), (off, str(result.report)))
+            got = result.graph_module(x, temperature, other)
+            self.assertTrue(torch.equal(got, gm(x, temperature, other)), off)
+            if rewritten:
+                logits = x.flip(-1) if off == "signed branch of another" else x
+                self.assertTrue(torch.equal(got[negative], logits[negative].argmin(-1)), off)  # the sign of t decides
+                self.assertEqual("draftfuse.argmax_prob" in result.graph_module.code, lowering == "kernels", off)
+
     def test_zero_dim_softmax_and_amax_without_dim_do_not_crash(self):
         def f(x, y):
             p = torch.softmax(x, 0)  # 0-d

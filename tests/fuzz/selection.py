@@ -1373,7 +1373,7 @@ class HandProgram:
 def generate_handwritten(c: Chooser) -> HandProgram:
     """One hand-written softmax form (fp32), then a selection on it."""
     form = c.pick(["keepdim", "keepdim", "no_keepdim_square", "where_two_temps", "where_two_temps", "zero_dim", "amax_no_dim", "amax_other_dim", "log_form", "sum_no_keepdim",
-                   "sub_alpha", "log_sub_alpha", "where_signed", "where_signed"])
+                   "sub_alpha", "log_sub_alpha", "where_signed", "where_signed", "bare_signed", "bare_signed"])
     tags = [f"form={form}"]
     if form == "zero_dim":
         shape: tuple[int, ...] = ()
@@ -1419,10 +1419,11 @@ def generate_handwritten(c: Chooser) -> HandProgram:
     elif form == "zero_dim":
         lines += ["p = torch.softmax(x, 0)" if c.flag(0.5) else "p = torch.exp(x - torch.amax(x, 0, keepdim=True)) / torch.sum(torch.exp(x - torch.amax(x, 0, keepdim=True)), 0, keepdim=True)"]
         tags.append("0-d")
-    elif form == "where_signed":  # Inductor's form for a temperature tensor, maybe with one piece off
-        op = c.pick(["/", "*"])
-        off = c.pick(["nothing", "nothing", "nothing", "sign of another", "sign of t - 1", "divisor", "scaled branch",
-                      "signed branch of another", "per-entry temperature", "other op"])
+    elif form in ("where_signed", "bare_signed"):  # Inductor's form for a temperature tensor (torch 2.11's: its
+        op = c.pick(["/", "*"])                        # first branch alone), maybe with one piece off
+        bare = form == "bare_signed"
+        off = c.pick(["nothing", "nothing", "nothing", "sign of another", "sign of t - 1", "divisor", "signed branch of another",
+                      "per-entry temperature", "other op", *(() if bare else ("scaled branch",))])
         temperatures = [0.5, -0.5, 2.0, -2.0, 0.25, -1.0, 0.0]
         columns = shape[1] if off == "per-entry temperature" else 1
         for name in ("t", "u"):  # u: another tensor, where a piece is off
@@ -1440,6 +1441,8 @@ def generate_handwritten(c: Chooser) -> HandProgram:
             "e = torch.exp(torch.where(m, f, b))",
             f"p = e / torch.sum(e, {d}, keepdim=True)",
         ]
+        if bare:
+            lines = [line for line in lines if line[0] in "owaf"] + ["e = torch.exp(f)", f"p = e / torch.sum(e, {d}, keepdim=True)"]
     else:  # where: two branches with different temperatures (Inductor's form has one)
         per_element = c.flag(0.5)
         if per_element:

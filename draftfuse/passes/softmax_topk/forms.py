@@ -95,6 +95,15 @@ def _broadcast_onto(first: Node, second: Any, product: Node) -> bool:
 
 
 @dataclasses.dataclass
+class TensorScale:
+    """A temperature held in a tensor: the softmax reads x / t (or x * s), t constant along the dim."""
+
+    node: Node  # t or s
+    op: str  # "div" or "mul"
+    at: Node  # the division or multiplication
+
+
+@dataclasses.dataclass
 class Softmax:
     """A softmax as the graph computes it. ATen graphs also give the pieces the values reuse."""
 
@@ -104,18 +113,10 @@ class Softmax:
     log: bool
     dtype: torch.dtype | None = None  # softmax(x, dtype=d) computes on x.to(d)
     scale: float = 1.0  # ATen: z = scale * (s - max(s)), a temperature applied after the subtraction
+    temperature: TensorScale | None = None  # ATen: z = (s - max(s)) / t in Inductor's signed form, t a tensor
     z: Node | None = None  # ATen: s - max(s), as the graph has it
     sum_exp: Node | None = None
     log_sum: Node | None = None
-
-
-@dataclasses.dataclass
-class TensorScale:
-    """A temperature held in a tensor: the softmax reads x / t (or x * s), t constant along the dim."""
-
-    node: Node  # t or s
-    op: str  # "div" or "mul"
-    at: Node  # the division or multiplication
 
 
 def peel_logits(scores: Node) -> tuple[Node, list[Node], float]:
@@ -147,7 +148,7 @@ def peel_scaled_logits(
         else:
             src, by = step
             if isinstance(by, Node):
-                if dim is None or tensor is not None or not _row_constant(by, node, dim):
+                if dim is None or tensor is not None or not row_constant(by, node, dim):
                     return node, peeled, factor, tensor
                 tensor = TensorScale(by, "div" if target_key(node) in _DIVISIONS else "mul", node)
             elif not by > 0:  # also NaN
@@ -161,7 +162,7 @@ def peel_scaled_logits(
 _DIVISIONS = {key for key, factor in _SCALES.items() if factor is _reciprocal}
 
 
-def _row_constant(scale: Node, scaled: Node, dim: int) -> bool:
+def row_constant(scale: Node, scaled: Node, dim: int) -> bool:
     """Whether `scale` broadcasts along `dim` (one value per row, or one in all) without changing the
     scaled tensor's shape: otherwise it reweighs the entries of a row, not the row."""
     value, result = fake_tensor(scale), fake_tensor(scaled)

@@ -158,9 +158,10 @@ def match(sel: Selection, level: str, effects: Effects) -> Match | None:
     for user in sel.node.users if sel.returns_pair else ():
         if not (is_call(user, operator.getitem) and user.args[1] in (0, 1)):
             raise Refuse(f"selection result used as a whole by {user.name}")
-    logits, peeled, factor, tensor = peel_scaled_logits(
-        softmax.scores, softmax.dim, lambda node: not _writes_before(node, softmax.node, effects)
+    logits, peeled, factor, tensor = peel_scaled_logits(  # one tensor temperature: the softmax's own, or one peeled
+        softmax.scores, None if softmax.temperature else softmax.dim, lambda node: not _writes_before(node, softmax.node, effects)
     )
+    tensor = softmax.temperature or tensor
     probs_value = fake_tensor(probs_node)
     if probs_value is None or fake_tensor(logits) is None:
         raise Refuse("no tensor metadata on the graph (capture with Dynamo or run FakeTensorProp first)")

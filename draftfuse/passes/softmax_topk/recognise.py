@@ -7,7 +7,9 @@ near-match, with the reason).
     without it the subtraction broadcasts along another dim), z scaled by a positive constant, or
     Inductor's temperature form where(all_finite(s'), (s - amax(s)) / t, s' - amax(s')) with s' = s / t
     (the mask and both branches' scales checked); for a temperature tensor t (or s in s * x) its first
-    branch is (x * w - amax(x * w)) / (w * t), w = where(t >= 0, 1, -1), checked piece by piece.
+    branch is (x * w - amax(x * w)) / (w * t), w = where(t >= 0, 1, -1), checked piece by piece. torch
+    2.11's Inductor gives that branch alone, without the where (the same order: x * sign(t)'s, wherever
+    x / t is finite; where it is not, the row is NaN or uniform in both, README's Semantics).
 """
 
 from __future__ import annotations
@@ -20,7 +22,7 @@ import torch.nn.functional as F
 from draftfuse.graph.selection import bind
 from draftfuse.graph.values import Node, fake_tensor, is_call, normalise_dim, rank, target_key
 from draftfuse.passes.driver import Refuse
-from draftfuse.passes.softmax_topk.forms import Softmax, as_scale, is_upcast, peel_logits, peel_scaled_logits
+from draftfuse.passes.softmax_topk.forms import Softmax, TensorScale, as_scale, is_upcast, peel_logits, peel_scaled_logits, row_constant
 
 aten = torch.ops.aten
 
@@ -100,6 +102,10 @@ def match_aten_softmax(node: Node) -> Softmax | None:
     dim = _reduces(sum_node, aten.sum.dim_IntList, _SUM, None, exp)
     if dim is None:
         return None  # not sum(exp(z), [d], keepdim=True): no softmax, whatever it computes
+    if (signed := _signed_temperature(z, dim)) is not None:  # torch 2.11: the where's first branch alone
+        _check_subtracts_in_floats(z)
+        scores, temperature = signed
+        return Softmax(node, scores, dim, is_log, temperature=temperature, z=z, sum_exp=sum_node, log_sum=log_node)
     scores, factor = _scaled_max_subtracted(z, dim)
     return Softmax(node, scores, dim, is_log, scale=factor, z=z, sum_exp=sum_node, log_sum=log_node)
 
@@ -159,24 +165,33 @@ def _check_subtracts_in_floats(branch: Node) -> None:
         raise Refuse(f"{branch.name}: Inductor's temperature form subtracts the row maximum in {value.dtype}, which wraps")
 
 
-def _is_signed_temperature(branch: Node, scaled: Node, dim: int) -> bool:
-    """branch = (a * w - amax(a * w, [dim], True)) op (w * t), w = where(t >= 0, 1, -1), op div or mul,
-    where `scaled` is a op t looked through exact upcasts and t is one value per row (the peel's
-    temperature): Inductor's softmax(x / t) and softmax(x * s) for a tensor t or s."""
+def _signed_temperature(branch: Node, dim: int) -> tuple[Node, TensorScale] | None:
+    """(x, t) if branch = (x * w - amax(x * w, [dim], True)) op (w * t), w = where(t >= 0, 1, -1), op div
+    or mul, t one value per row: Inductor's softmax(x / t) (or x * t) for a tensor t, in the order of
+    x * sign(t). None for any other form."""
     op = {aten.div.Tensor: "div", aten.mul.Tensor: "mul"}.get(target_key(branch))
     if op is None or len(branch.args) != 2 or branch.kwargs or not _plain_sub(branch.args[0]):
-        return False
+        return None
     (s1, row_max), divisor = branch.args[0].args, branch.args[1]
     if _reduces(row_max, aten.amax.default, _AMAX, dim, s1) is None or not is_call(s1, aten.mul.Tensor):
-        return False
+        return None
     sign, t = next(((w, t) for w in s1.args if (t := _sign_of(w)) is not None), (None, None))
     if sign is None or not is_call(divisor, aten.mul.Tensor) or set(divisor.args) != {sign, t} or len(set(s1.args)) != 2:
+        return None
+    x = next(arg for arg in s1.args if arg is not sign)
+    if not isinstance(x, Node) or not row_constant(t, branch, dim):
+        return None
+    return x, TensorScale(t, op, branch)
+
+
+def _is_signed_temperature(branch: Node, scaled: Node, dim: int) -> bool:
+    """branch is the signed form of `scaled` (= x op t looked through exact upcasts, t the peel's
+    temperature): the first branch of Inductor's where for softmax(x / t) and softmax(x * s)."""
+    if (signed := _signed_temperature(branch, dim)) is None:
         return False
-    a = next(arg for arg in s1.args if arg is not sign)
-    if not isinstance(a, Node):
-        return False
+    x, temperature = signed
     base, _, factor, tensor = peel_scaled_logits(scaled, dim)
-    return tensor is not None and tensor.node is t and tensor.op == op and peel_logits(a)[0::2] == (base, factor)
+    return tensor is not None and tensor.node is temperature.node and tensor.op == temperature.op and peel_logits(x)[0::2] == (base, factor)
 
 
 def _sign_of(w: Any) -> Node | None:
