@@ -64,9 +64,16 @@ class FoldedDraft:
     that runs it (its `.compiles` hold the compile records and pass reports)."""
 
     def __init__(self, seed: Callable[..., Any], loop: Callable[..., Any], draft: DraftLoop, defaults_of: Any = None) -> None:
-        self.seed, self.loop, self.draft = seed, loop, draft
+        self.seed, self.loop = seed, loop
+        # held in a tuple: torch 2.11's Dynamo cannot read an instance attribute holding a data descriptor (a
+        # DraftLoop is one), which a fold called inside another compiled region reads
+        self._draft = (draft,)
         # the function whose defaults the composition shares (None: none to follow)
         self._defaults_of = defaults_of
+
+    @property
+    def draft(self) -> DraftLoop:
+        return self._draft[0]
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         # the composition takes the seed's defaults as they are now (they may be replaced after fold)
