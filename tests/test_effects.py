@@ -335,6 +335,24 @@ def test_in_place_operators_and_unknown_calls():
     assert written_values(fake_node) is None and is_random(fake_node)
 
 
+def test_operators_recorded_as_dunder_methods():
+    """torch 2.11's Dynamo records `positions == 0` as positions.__eq__(0) (DeepSeek MTP's masked embedding,
+    `inputs_embeds[positions == 0] = 0`): unknown, it made `positions` a written input, and a draft called
+    with a new positions tensor each step raised CudagraphSkipError. A dunder writes what its `operator`
+    function writes: the in-place ones their first argument, the others nothing."""
+    graph = torch.fx.Graph()
+    positions, embeds = graph.placeholder("positions"), graph.placeholder("embeds")
+    mask = graph.call_method("__eq__", (positions, 0))
+    shifted = graph.call_method("__radd__", (positions, 1))
+    put = graph.call_method("__setitem__", (embeds, mask, 0.0))
+    bumped = graph.call_method("__iadd__", (positions, 1))
+    graph.output((shifted, put, bumped))
+    assert written_values(mask) == [] and written_values(shifted) == [] and not is_random(mask)
+    assert written_values(put) == [embeds] and written_values(bumped) == [positions]
+    unknown = graph.call_method("__call__", (positions,))  # a dunder that is no operator: still unknown
+    assert written_values(unknown) is None
+
+
 @pytest.mark.parametrize("op", [torch.binomial, torch.poisson, torch.bernoulli])
 def test_randomness_comes_from_the_op_tag(op):
     def f(x):

@@ -55,6 +55,17 @@ _IN_PLACE_OPERATORS = frozenset({
     operator.ifloordiv, operator.imod, operator.ipow, operator.iand, operator.ior, operator.ixor,
     operator.ilshift, operator.irshift, operator.imatmul,
 })  # fmt: skip
+# Operators on tensors that Dynamo (torch 2.11) records as their dunder methods (`positions == 0` as
+# positions.__eq__(0)): the in-place ones write their first argument, as `operator`'s do, the others nothing.
+_IN_PLACE_DUNDERS = frozenset({
+    "__setitem__", "__delitem__", "__iadd__", "__isub__", "__imul__", "__itruediv__", "__ifloordiv__", "__imod__",
+    "__ipow__", "__iand__", "__ior__", "__ixor__", "__ilshift__", "__irshift__", "__imatmul__",
+})  # fmt: skip
+_PURE_DUNDERS = frozenset({
+    f"__{name}__" for name in ("eq", "ne", "lt", "le", "gt", "ge", "neg", "pos", "abs", "invert", "getitem")
+} | {
+    f"__{side}{name}__" for side in ("", "r") for name in ("add", "sub", "mul", "truediv", "floordiv", "mod", "pow", "matmul", "and", "or", "xor", "lshift", "rshift")
+})  # fmt: skip
 # Tensor methods with no ATen op of their name that read but never write (casts, host reads, metadata).
 _PYTHON_METHODS = frozenset({
     "bfloat16", "bool", "byte", "cdouble", "cfloat", "char", "double", "float", "half", "int", "long",
@@ -112,7 +123,7 @@ def _wants_a_list_for_a_tensor(overload: torch._ops.OpOverload, node: Node) -> b
 def _is_plain_python(node: Node) -> bool:
     """A call on Python values (operator.add, math.sqrt, a Python-level Tensor method that never writes)."""
     if node.op == "call_method":
-        return node.target in _PYTHON_METHODS
+        return node.target in _PYTHON_METHODS or node.target in _PURE_DUNDERS
     module = getattr(node.target, "__module__", None) or ""
     return module in _PLAIN_MODULES
 
@@ -167,7 +178,7 @@ def written_values(node: Node) -> list[Node] | None:
         return []
     if node.op == "call_module" or isinstance(node.target, torch._ops.HigherOrderOperator):
         return None  # a body of its own, with writes not looked into
-    if node.target in _IN_PLACE_OPERATORS:
+    if node.target in (_IN_PLACE_DUNDERS if node.op == "call_method" else _IN_PLACE_OPERATORS):
         return [node.args[0]] if isinstance(node.args[0], Node) else []
     if _converts_dtensor(node):
         return []

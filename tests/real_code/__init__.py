@@ -12,6 +12,8 @@ function each piece is modeled on. Nothing here is copied from those projects.
                   v1/spec_decode/eagle.py (compute_probs_and_sample_next_token), v1/sample/sampler.py
     medusa        FasterDecoding/Medusa  medusa/model/medusa_model.py (ResBlock, MedusaModel.medusa_head)
     hf_draft      huggingface/transformers  LlamaForCausalLM / Qwen2ForCausalLM with StaticCache
+    vllm_eagle3   vllm-project/vllm  model_executor/models/llama_eagle3.py, v1/spec_decode/eagle.py (propose)
+    deepseek_mtp  vllm-project/vllm  model_executor/models/deepseek_mtp.py; sgl-project/sglang deepseek_nextn.py
     hazards       capture hazards seen in the code above (RMSNorm's float eps, servers' batch sizes,
                   a worker method re-assigned under another name)
 """
