@@ -56,6 +56,7 @@ from typing import Any
 
 import torch
 from torch._dynamo import eval_frame as _eval_frame
+from torch.utils._python_dispatch import is_in_torch_dispatch_mode
 
 from draftfuse.graph.values import input_name, user_frame
 from draftfuse.options import Options
@@ -68,6 +69,7 @@ from draftfuse.runtime.pipeline import CompileRecord, lower, prepare
 from draftfuse.runtime.recorder import GraphRecorder, log
 from draftfuse.runtime.replay import IDENTITY_GUARD, Replay, warn_no_fast_replay
 from draftfuse.runtime.tracing import capture_error, own_code
+from draftfuse.runtime.translate import skipped_error
 
 _CPU_WARNING = (
     "draftfuse: draft {name!r} runs on the CPU: it is compiled, but CUDA graphs need a CUDA device, "
@@ -186,6 +188,8 @@ class DraftLoop(AsMethod):
             _eval_frame.reset_code(code)
 
     def _call_through_dynamo(self, args: tuple, kwargs: dict) -> Any:
+        if is_in_torch_dispatch_mode(include_infra_modes=False):  # torch 2.11 would run the draft eagerly, silently
+            raise skipped_error("non-infra torch dispatch mode present", _caller_location()).with_traceback(None)
         self._current_call = (args, kwargs)
         entry_run = self._entry_to_run(args, kwargs)  # before the call: the draft may change what guards read
         try:

@@ -37,6 +37,9 @@ FOLD_LOOP_CALL = "_df_loop_("  # how fold's generated composition calls the loop
 _DECISION = re.compile(r"guard on data-dependent expression", re.I)
 # x[0, t[0]] with t[0] a 0-d tensor; with size-like symbols it is a data-dependent size (split(x, n_nonzero))
 _AS_INT = re.compile(r"extract specialized integer from data-dependent expression.*Size-like symbols: none", re.I | re.S)
+# torch 2.11: a host read used as an index reaches the fake tensor as a SymInt, which indexing refuses
+# (x[0, t[0, 0].item() % 3]); a 0-d tensor index raises _AS_INT's message as a UserError
+_SYMINT_INDEX = re.compile(r"valid indices \(got SymInt\)")
 _INFERENCE_VERSION = re.compile(r"version_counter for inference tensor")  # torch 2.11-2.13 under inference_mode
 
 
@@ -128,6 +131,8 @@ def from_exception(exc: BaseException, first_host_read: str = "") -> DraftCaptur
             "torch's recompile limit was reached for the draft's code (torch._dynamo.config.recompile_limit)",
             fix="pass the values that change as tensors, keep shapes fixed, or raise max_compiles",
         )
+    if _SYMINT_INDEX.search(str(exc)) or (isinstance(exc, torch._dynamo.exc.UserError) and _AS_INT.search(str(exc))):
+        return _used_as_an_int(first_line(str(exc), type(exc).__name__), _location(exc) or first_host_read)  # torch 2.11's forms
     if is_data_dependent(exc):
         if _DECISION.search(str(exc)):
             read = f" read at {first_host_read}" if first_host_read else ""
@@ -146,12 +151,7 @@ def from_exception(exc: BaseException, first_host_read: str = "") -> DraftCaptur
         return _skip_error(str(exc))
     if NO_FRAMES_MESSAGE in str(exc):  # Dynamo skipped the draft's frame whole (under a TorchDispatchMode, say)
         skipped = re.search(r"^\s*- \S+ \(([^()]+:\d+)\): (.+)$", str(exc), re.M)
-        return DraftCaptureError(
-            f"torch.compile skipped the draft: {skipped.group(2) if skipped else first_line(str(exc), type(exc).__name__)}",
-            where=skipped.group(1) if skipped else "",
-            fix="call the draft outside what makes Dynamo skip it (a TorchDispatchMode it runs under, say): eager "
-            "runs it there, a compiled draft cannot",
-        )
+        return skipped_error(skipped.group(2) if skipped else first_line(str(exc), type(exc).__name__), skipped.group(1) if skipped else "")
     if _INFERENCE_VERSION.search(str(exc)):
         return DraftCaptureError(
             "torch cannot compile this draft under torch.inference_mode(): its compiler sets the version "
@@ -181,6 +181,16 @@ def from_exception(exc: BaseException, first_host_read: str = "") -> DraftCaptur
     if isinstance(exc, (IndexError, TypeError)) and "SymInt" in str(exc) and _location(exc):
         return _used_as_an_int(first_line(str(exc), type(exc).__name__), _location(exc))
     return None
+
+
+def skipped_error(reason: str, where: str) -> DraftCaptureError:
+    """Dynamo skipped the draft's frame whole (`reason`): it would run eagerly, not as one compiled region."""
+    return DraftCaptureError(
+        f"torch.compile skipped the draft: {reason}",
+        where=where,
+        fix="call the draft outside what makes Dynamo skip it (a TorchDispatchMode it runs under, say): eager "
+        "runs it there, a compiled draft cannot",
+    )
 
 
 def _used_as_an_int(detail: str, where: str) -> HostSyncError:
