@@ -335,6 +335,23 @@ def test_in_place_operators_and_unknown_calls():
     assert written_values(fake_node) is None and is_random(fake_node)
 
 
+def _two_groups_in_one_buffer(a, b):
+    buf = a.new_full((a.shape[0], 16), float("-inf"))
+    buf[:, :8] = a
+    first = buf.softmax(-1).topk(1, dim=-1)
+    buf.fill_(float("-inf"))
+    buf[:, 8:] = b  # the write the second softmax reads
+    return first, buf.softmax(-1).topk(1, dim=-1)
+
+
+def test_a_report_names_the_write_the_softmax_reads():
+    """A logits buffer reused for a second request group (vLLM's EAGLE-3 scatters into a -inf buffer): the
+    second rewrite's report named the buffer's first write, which the second softmax does not read."""
+    report = run_both(_two_groups_in_one_buffer, torch.randn(3, 8), torch.randn(3, 8))
+    first, second = report.rewrites
+    assert "setitem " in first.detail and "setitem_1 " in second.detail, report
+
+
 def test_operators_recorded_as_dunder_methods():
     """torch 2.11's Dynamo records `positions == 0` as positions.__eq__(0) (DeepSeek MTP's masked embedding,
     `inputs_embeds[positions == 0] = 0`): unknown, it made `positions` a written input, and a draft called

@@ -63,7 +63,7 @@ class Match:
     peeled: list[Node]  # the casts and temperatures looked through from the softmax back to the logits
     factor: float = 1.0  # the constant temperature factors, multiplied
     tensor_scale: TensorScale | None = None  # a temperature tensor (the selection follows its sign)
-    written_by: Node | None = None  # the first in-place write to the logits or their inputs before the softmax
+    written_by: Node | None = None  # the last in-place write to the logits or their inputs before the softmax (what it reads)
 
     @property
     def log(self) -> bool:
@@ -179,7 +179,7 @@ def match(sel: Selection, level: str, effects: Effects) -> Match | None:
         factor=factor * softmax.scale, tensor_scale=tensor,
         prob_dtype=probs_value.dtype, prob_casts=casts, read_dtype=read_dtype, half=rounded is not None,
         matched=[sel.node, *cast_nodes, probs_node, *peeled], peeled=peeled,
-        written_by=next(iter(_writes_before(logits, softmax.node, effects)), None),
+        written_by=(_writes_before(logits, softmax.node, effects) or [None])[-1],  # the write the softmax reads
     )  # fmt: skip
 
 
