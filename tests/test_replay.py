@@ -9,6 +9,7 @@ on CUDA, where a CUDA graph replays (tests/test_runtime_cuda.py).
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 
 import pytest
@@ -1272,3 +1273,24 @@ def test_arguments_that_were_one_object_when_recorded_are_returned_as_each_call_
     for _ in range(2):  # one object again
         assert call(a, a)[1] is a
     assert len(draft._replays) == 2  # the aliased recording's, and one of distinct buffers
+
+
+@dataclasses.dataclass
+class _AttentionMetadata:
+    seq_lens: torch.Tensor
+
+
+def _bumps_seq_lens(logits, meta):
+    meta.seq_lens += 1  # vLLM's propose: common_attn_metadata.seq_lens += 1 (an attribute store)
+    return logits.argmax(dim=-1)
+
+
+def test_an_attribute_store_is_named_as_one_in_the_no_fast_replay_warning():
+    """Dynamo's code stores the attribute on every call through its helper object_setattr_ignore_descriptor:
+    the warning named that helper as 'a load of a global', not the store."""
+    meta = _AttentionMetadata(torch.zeros(3, dtype=torch.int32))
+    compiled = draftfuse.draft_loop(_bumps_seq_lens)
+    with pytest.warns(UserWarning, match=r"no fast replay .*\(an attribute store"):
+        for _ in range(3):
+            compiled(torch.randn(3, 8), meta)
+    assert meta.seq_lens.tolist() == [3, 3, 3] and not compiled._replays

@@ -116,6 +116,8 @@ def _impure_instruction(code: Any, fetched: set[str], pinned: Callable[[str], bo
             continue
         if op in ("LOAD_GLOBAL", "LOAD_NAME", "LOAD_ATTR", "LOAD_METHOD"):
             name = str(arg)
+            if name == "object_setattr_ignore_descriptor":  # the helper Dynamo's code stores attributes with
+                return "a side effect (an attribute store, obj.attr = value or obj.attr += 1, which Dynamo's code makes on every call)"
             if not name.startswith(_ALLOWED_NAMES):
                 return f"a load of {name!r} ({op}: a global, or an attribute that is no graph input)"
     return _unsettled(chain, fetched, pinned) if chain is not None else ""
