@@ -595,6 +595,23 @@ class Refusals(_FakeGroup):
             emit.local_logits = original
         self.assertIn("internal error: RuntimeError('boom')", report)
 
+    def test_gathered_logits_scattered_into_a_larger_vocabulary_are_refused_with_the_reason(self):
+        """vLLM's EAGLE-3 scatters its draft vocabulary's logits into a -inf tensor of the target's, then
+        selects: under TP the gathered logits reach the selection through a write in place, and the pass
+        said nothing (0 rewrites, 0 refusals)."""
+        targets = torch.tensor([1, 3, 5, 7, 9, 11, 13, 15, 17, 19, 21, 23, 0, 2, 4, 6])
+
+        def scattered(x):
+            logits = _tp.gather_dim(x)
+            full = logits.new_full((logits.shape[0], 24), float("-inf"))
+            full[:, targets] = logits
+            return full.argmax(dim=-1), torch.softmax(full, dim=-1).topk(2, dim=-1)
+
+        self.assertExpectedInline(self.refusal(scattered, X), """\
+[vocab_parallel] 0 rewrites, 2 refusals
+  tests/test_vocab_parallel_graphs.py:608: refused: the gathered logits are written into full by setitem before the selection (vLLM's EAGLE-3 scatters its draft vocabulary into the target's so): not localised [argmax]
+  tests/test_vocab_parallel_graphs.py:608: refused: the gathered logits are written into full by setitem before the selection (vLLM's EAGLE-3 scatters its draft vocabulary into the target's so): not localised [topk]""")
+
 
 def test_an_unknown_option_raises():
     """As rewrite_softmax_topk: a misspelt option is the caller's error, not a note in the report."""

@@ -31,7 +31,7 @@ import operator
 
 import torch
 
-from draftfuse.graph.effects import Effects
+from draftfuse.graph.effects import Effects, written_values
 from draftfuse.graph.selection import Selection
 from draftfuse.graph.values import Node, fake_tensor, is_call, made_by, normalise_dim, rank, target_key
 from draftfuse.passes.driver import Refuse
@@ -192,7 +192,18 @@ def _gather_of(logits: Node) -> Gather | None:
     if gather is None and any(_gathered_into_buffers(n) for n in [logits, *logits.all_input_nodes]):
         raise Refuse("the shards are gathered into a list of buffers (dist.all_gather(list, x), then cat): not localised; "
                      "gather with funcol.all_gather_tensor or dist.all_gather_into_tensor")
+    if gather is None and (writer := _written_with_gathered(logits)) is not None:
+        raise Refuse(f"the gathered logits are written into {logits.name} by {writer.name} before the selection (vLLM's "
+                     "EAGLE-3 scatters its draft vocabulary into the target's so): not localised")
     return gather
+
+
+def _written_with_gathered(node: Node) -> Node | None:
+    """A write in place into `node` whose written values are gathered logits (buf[:, ids] = g), if any."""
+    for user in node.users:
+        if node in (written_values(user) or ()) and any(v is not node and _walk_back(v, _MOVEMENT) for v in user.all_input_nodes):
+            return user
+    return None
 
 
 def _peel_elementwise(node: Node) -> tuple[Node, list[Node]]:
