@@ -26,25 +26,10 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from tests.real_code.vllm_eagle3 import RMSNorm  # vLLM's RMSNorm (a residual added first), which its MTP layers use too
+
 VOCAB, HIDDEN = 160, 32
 NUM_HIDDEN_LAYERS, NUM_MTP_LAYERS = 4, 2  # the MTP layers are numbered 4 and 5, after the target's
-
-
-class RMSNorm(nn.Module):
-    def __init__(self, size: int, eps: float = 1e-6) -> None:
-        super().__init__()
-        self.weight = nn.Parameter(torch.ones(size))
-        self.variance_epsilon = eps
-
-    def forward(self, x: torch.Tensor, residual: torch.Tensor | None = None):
-        if residual is not None:
-            x = x + residual
-            residual = x
-        dtype = x.dtype
-        x32 = x.float()
-        x32 = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + self.variance_epsilon)
-        out = self.weight * x32.to(dtype)
-        return out if residual is None else (out, residual)
 
 
 class MTPBlock(nn.Module):
