@@ -561,6 +561,27 @@ def test_a_draft_refused_under_a_dispatch_mode_leaves_dynamos_settings():
     assert (torch._dynamo.config.automatic_dynamic_shapes, torch._dynamo.config.assume_static_by_default) == before
 
 
+def test_a_dispatch_mode_dynamo_compiles_under_is_no_capture_error():
+    """A TorchDispatchMode that opts out of compile internals (ignore_compile_internals: torch's DebugMode,
+    say) does not make Dynamo skip the frame: the draft compiles under it, as under plain torch.compile."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    class Ignored(TorchDispatchMode):
+        @classmethod
+        def ignore_compile_internals(cls):
+            return True
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            return func(*args, **(kwargs or {}))
+
+    def draft(hidden):
+        return torch.softmax(hidden * 2, -1).topk(1, -1).indices
+
+    fast, hidden = draft_loop(draft), torch.randn(2, 8)
+    with Ignored():
+        assert torch.equal(fast(hidden), draft(hidden)) and len(fast.compiles) == 1
+
+
 def test_a_draft_under_a_dispatch_mode_is_a_draft_capture_error():
     """Dynamo skips a frame run under a user TorchDispatchMode whole; fullgraph then raises torch's "found
     no compiled frames": a DraftCaptureError naming the draft's line and the reason."""

@@ -492,6 +492,45 @@ class AtenRecognisers(TestCase):
                 self.assertTrue(torch.equal(got[negative], logits[negative].argmin(-1)), off)  # the sign of t decides
                 self.assertEqual("draftfuse.argmax_prob" in result.graph_module.code, lowering == "kernels", off)
 
+    def test_a_decomposed_softmax_whose_input_is_written_between_its_reads_is_refused(self):
+        """The decomposed softmax reads its input at s - amax(s) (the bare temperature form at x * w and
+        w * t), before its last node: a write in place in between (make_fx keeps it, Inductor would
+        functionalize it) left the rewrite reading the written x or t; one before the first read is the
+        value the softmax reads, and is rewritten. A scalar_tensor(1) of an unsigned dtype is no sign
+        (-1 is 255): not the temperature form. Found by a review of the bare form's recogniser."""
+        from torch.fx.experimental.proxy_tensor import make_fx
+
+        from draftfuse.passes import rewrite_softmax_topk
+
+        def bare(x, t, write="", one_dtype=torch.float32):
+            one = torch.scalar_tensor(1, dtype=one_dtype)
+            x.neg_() if write == "x before" else None
+            w = torch.where(t >= 0, one, -one)
+            a = x * w
+            z = (a - a.amax(-1, keepdim=True)) / (w * t)
+            {"x": x, "t": t}.get(write, torch.empty(0)).neg_()
+            e = z.exp()
+            return (e / e.sum(-1, keepdim=True)).argmax(-1)
+
+        def plain(x, t, write=""):
+            z = x - x.amax(-1, keepdim=True)
+            x.neg_()
+            e = z.exp()
+            return (e / e.sum(-1, keepdim=True)).argmax(-1)
+
+        x = torch.randn(4, 8, generator=torch.Generator().manual_seed(0))
+        t = torch.tensor([[0.5], [-0.5], [2.0], [-2.0]])
+        cases = [(bare, "t", {}, 0), (bare, "x", {}, 0), (plain, "", {}, 0), (bare, "x before", {}, 1), (bare, "", {"one_dtype": torch.uint8}, 0)]
+        for fn, write, extra, rewrites in cases:
+            run = functools.partial(fn, write=write, **extra)
+            gm = make_fx(run, tracing_mode="fake")(x.clone(), t.clone())
+            result = rewrite_softmax_topk(gm, lowering="torch")
+            self.assertEqual(len(result.report.rewrites), rewrites, (fn.__name__, write, str(result.report)))
+            self.assertTrue(torch.equal(result.graph_module(x.clone(), t.clone()), gm(x.clone(), t.clone())), (fn.__name__, write))
+            if write in ("t", "x", ""):
+                reasons = " ".join(r.reason for r in result.report.refusals)
+                self.assertIn("written in place between its reads" if fn is plain or write else "sign is not known", reasons)
+
     def test_zero_dim_softmax_and_amax_without_dim_do_not_crash(self):
         def f(x, y):
             p = torch.softmax(x, 0)  # 0-d

@@ -607,6 +607,19 @@ class Refusals(_FakeGroup):
             full[:, targets] = logits
             return full.argmax(dim=-1), torch.softmax(full, dim=-1).topk(2, dim=-1)
 
+        def into_a_view(x):
+            logits = _tp.gather_dim(x)
+            full = logits.new_full((logits.shape[0], 24), float("-inf"))
+            full[:, :16].copy_(logits)
+            return full.argmax(dim=-1)
+
+        def selected_before_the_write(x, buf):  # the buffer reused after the selection: nothing to report
+            first = buf.argmax(dim=-1)
+            buf.copy_(_tp.gather_dim(x))
+            return first
+
+        self.assertIn("written into full by copy_ before the selection", self.refusal(into_a_view, X))
+        self.assertExpectedInline(self.rewrite(selected_before_the_write, X, torch.randn(3, 16))[2], """[vocab_parallel] 0 rewrites, 0 refusals""")
         self.assertExpectedInline(self.refusal(scattered, X), """\
 [vocab_parallel] 0 rewrites, 2 refusals
   tests/test_vocab_parallel_graphs.py:608: refused: the gathered logits are written into full by setitem before the selection (vLLM's EAGLE-3 scatters its draft vocabulary into the target's so): not localised [argmax]

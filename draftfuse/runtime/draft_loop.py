@@ -56,7 +56,7 @@ from typing import Any
 
 import torch
 from torch._dynamo import eval_frame as _eval_frame
-from torch.utils._python_dispatch import is_in_torch_dispatch_mode
+from torch.utils._python_dispatch import any_torch_dispatch_mode_on_stack
 
 from draftfuse.graph.values import input_name, user_frame
 from draftfuse.options import Options
@@ -188,7 +188,7 @@ class DraftLoop(AsMethod):
             _eval_frame.reset_code(code)
 
     def _call_through_dynamo(self, args: tuple, kwargs: dict) -> Any:
-        if is_in_torch_dispatch_mode(include_infra_modes=False):  # torch 2.11 would run the draft eagerly, silently
+        if any_torch_dispatch_mode_on_stack():  # Dynamo's own test for skipping a frame: torch 2.11 runs it eagerly, silently
             raise skipped_error("non-infra torch dispatch mode present", _caller_location()).with_traceback(None)
         self._current_call = (args, kwargs)
         entry_run = self._entry_to_run(args, kwargs)  # before the call: the draft may change what guards read

@@ -197,12 +197,28 @@ def _check_effects(effects: Effects, sel: Selection, softmax: Softmax, peeled: l
     after_softmax = effects.writers([softmax.node, *casts], softmax.node, sel.node)
     if after_softmax:
         raise Refuse(f"the probabilities are written in place between the softmax and the selection, by {describe(after_softmax[0])}")
+    if softmax.z is not None:  # ATen: the decomposed softmax reads its input at s - amax(s), before its last node
+        inputs = [softmax.scores, *([softmax.temperature.node] if softmax.temperature else [])]
+        if between := effects.writers(inputs, _first_read(inputs, softmax.node, effects), softmax.node):
+            raise Refuse(f"the softmax's input {softmax.scores.name} is written in place between its reads, by {describe(between[0])}")
     chain = [*peeled, softmax.node]  # in graph order: each reads the one before
     if changes := effects.state_changes(min(chain, key=effects.order.get), sel.node):
         raise Refuse(
             f"{describe(changes[0])} changes torch's global state (grad mode, autocast) between the softmax "
             "and the selection: the rewritten values would be computed under the softmax's"
         )
+
+
+def _first_read(inputs: list[Node], softmax: Node, effects: Effects) -> Node:
+    """The first node of the decomposed softmax (the nodes between `inputs` and `softmax`) that reads one of `inputs`."""
+    floor = min(effects.order[node] for node in inputs)
+    pieces, stack = {softmax}, [softmax]
+    while stack:
+        for source in stack.pop().all_input_nodes:
+            if source not in pieces and effects.order[source] > floor:
+                pieces.add(source)
+                stack.append(source)
+    return min((user for node in inputs for user in node.users if user in pieces), key=effects.order.get, default=softmax)
 
 
 def _target_name(node: Node) -> str:

@@ -203,6 +203,8 @@ def _sign_of(w: Any) -> Node | None:
         return None
     if not (is_call(one, aten.scalar_tensor.default) and one.args[0] == 1 and is_call(minus_one, aten.neg.default) and minus_one.args[0] is one):
         return None
+    if not (one.kwargs.get("dtype") or torch.float32).is_floating_point:  # an unsigned -1 is 255: no sign
+        return None
     return cond.args[0]
 
 

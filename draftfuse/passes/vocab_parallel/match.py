@@ -173,7 +173,7 @@ def match(sel: Selection, level: str, effects: Effects, half_probs: str = "rewri
         return None
     if m is None:
         return _match_bare(sel, effects)
-    gather = _gather_of(m.logits)
+    gather = _gather_of(m.logits, sel.node, effects)
     if gather is None:
         return None
     if m.half and half_probs == "keep":
@@ -187,22 +187,24 @@ def match(sel: Selection, level: str, effects: Effects, half_probs: str = "rewri
     return _localised(m, gather, list(reversed(m.peeled)), _compute_dtype(m), m.softmax.node, effects)
 
 
-def _gather_of(logits: Node) -> Gather | None:
+def _gather_of(logits: Node, sel: Node, effects: Effects) -> Gather | None:
     gather = _walk_back(logits, _MOVEMENT)
     if gather is None and any(_gathered_into_buffers(n) for n in [logits, *logits.all_input_nodes]):
         raise Refuse("the shards are gathered into a list of buffers (dist.all_gather(list, x), then cat): not localised; "
                      "gather with funcol.all_gather_tensor or dist.all_gather_into_tensor")
-    if gather is None and (writer := _written_with_gathered(logits)) is not None:
+    if gather is None and (writer := _written_with_gathered(logits, sel, effects)) is not None:
         raise Refuse(f"the gathered logits are written into {logits.name} by {writer.name} before the selection (vLLM's "
                      "EAGLE-3 scatters its draft vocabulary into the target's so): not localised")
     return gather
 
 
-def _written_with_gathered(node: Node) -> Node | None:
-    """A write in place into `node` whose written values are gathered logits (buf[:, ids] = g), if any."""
-    for user in node.users:
-        if node in (written_values(user) or ()) and any(v is not node and _walk_back(v, _MOVEMENT) for v in user.all_input_nodes):
-            return user
+def _written_with_gathered(node: Node, sel: Node, effects: Effects) -> Node | None:
+    """A write in place into `node` (through a view too) before the selection whose written values are
+    gathered logits (buf[:, ids] = g, buf[:, :n].copy_(g)), if any."""
+    for writer in effects.writers([node], node, sel):
+        written = set(written_values(writer) or ())
+        if any(v not in written and _walk_back(v, _MOVEMENT) for v in writer.all_input_nodes):
+            return writer
     return None
 
 
@@ -220,7 +222,7 @@ def _match_bare(sel: Selection, effects: Effects) -> VocabMatch | None:
     """A selection of the gathered logits with no softmax: each rank selects on its shard, the merge is
     the softmax one's without the max and exp-sum; values (max, topk) are the chosen logits."""
     logits, elementwise = _peel_elementwise(sel.input)
-    gather = _gather_of(logits)
+    gather = _gather_of(logits, sel.node, effects)
     if gather is None:
         return None
     value = fake_tensor(sel.input)
