@@ -1459,6 +1459,12 @@ def generate_handwritten(c: Chooser) -> HandProgram:
             "e = torch.exp(z)",
             f"p = e / torch.sum(e, {d}, keepdim=True)",
         ]
+    # a hazard: an input written in place after the softmax's first read of it and before its last node
+    gap = next((i for i, line in enumerate(lines) if line.startswith(("f = ", "z = "))), None)
+    if gap is not None and c.flag(0.25):
+        written = c.pick([name for name, _ in args if name in ("x", "t")])
+        lines.insert(gap + 1, f"{written}.neg_()")
+        tags.append(f"{written} written between the softmax's reads")
     # the reference, in float64, decides whether the selection is unambiguous
     plan = _selection_plan(c)
     size = shape[last] if shape else 1
