@@ -618,7 +618,12 @@ class Refusals(_FakeGroup):
             buf.copy_(_tp.gather_dim(x))
             return first
 
+        def padded(x):  # the vocabulary grows after the gather: refused (it used to pass unreported)
+            return torch.nn.functional.pad(_tp.gather_dim(x), (0, 8), value=float("-inf")).argmax(dim=-1)
+
         self.assertIn("written into full by copy_ before the selection", self.refusal(into_a_view, X))
+        self.assertIn("pads the gathered logits before the selection", self.refusal(padded, X))
+        self.assertIn("pads the gathered logits before the selection", _tp.aten_graphs(padded, X)[2].format())
         self.assertExpectedInline(self.rewrite(selected_before_the_write, X, torch.randn(3, 16))[2], """[vocab_parallel] 0 rewrites, 0 refusals""")
         self.assertExpectedInline(self.refusal(scattered, X), """\
 [vocab_parallel] 0 rewrites, 2 refusals

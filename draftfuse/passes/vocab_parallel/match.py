@@ -192,10 +192,15 @@ def _gather_of(logits: Node, sel: Node, effects: Effects) -> Gather | None:
     if gather is None and any(_gathered_into_buffers(n) for n in [logits, *logits.all_input_nodes]):
         raise Refuse("the shards are gathered into a list of buffers (dist.all_gather(list, x), then cat): not localised; "
                      "gather with funcol.all_gather_tensor or dist.all_gather_into_tensor")
+    if gather is None and target_key(logits) in _PADS and isinstance(logits.args[0], Node) and _walk_back(logits.args[0], _MOVEMENT):
+        raise Refuse(f"{logits.name} pads the gathered logits before the selection (the vocabulary grows): not localised")
     if gather is None and (writer := _written_with_gathered(logits, sel, effects)) is not None:
         raise Refuse(f"the gathered logits are written into {logits.name} by {writer.name} before the selection (vLLM's "
                      "EAGLE-3 scatters its draft vocabulary into the target's so): not localised")
     return gather
+
+
+_PADS = {torch.nn.functional.pad, torch._C._nn.pad, torch.ops.aten.constant_pad_nd.default, torch.ops.aten.pad.default}
 
 
 def _written_with_gathered(node: Node, sel: Node, effects: Effects) -> Node | None:
