@@ -45,6 +45,8 @@ from draftfuse.passes.vocab_parallel.layout import Reassembly, chain_between, re
 
 aten = torch.ops.aten
 PASS_NAME = "vocab_parallel"
+# F.pad and its ATen ops: the vocabulary grows after the gather
+_PADS = {torch.nn.functional.pad, torch._C._nn.pad, aten.constant_pad_nd.default, aten.pad.default}
 # Exact integers in the payload: float32 holds every id below 2**24, float64 below 2**53.
 _EXACT_IDS = {torch.float32: 2**24, torch.float64: 2**53}
 # The payload dtype a bare selection's values travel in exactly, by their dtype.
@@ -188,19 +190,20 @@ def match(sel: Selection, level: str, effects: Effects, half_probs: str = "rewri
 
 
 def _gather_of(logits: Node, sel: Node, effects: Effects) -> Gather | None:
+    """The gather `logits` are reassembled from; None if none, Refuse where gathered logits reach them
+    another way (a near-match whose refusal is news)."""
     gather = _walk_back(logits, _MOVEMENT)
-    if gather is None and any(_gathered_into_buffers(n) for n in [logits, *logits.all_input_nodes]):
+    if gather is not None:
+        return gather
+    if any(_gathered_into_buffers(n) for n in [logits, *logits.all_input_nodes]):
         raise Refuse("the shards are gathered into a list of buffers (dist.all_gather(list, x), then cat): not localised; "
                      "gather with funcol.all_gather_tensor or dist.all_gather_into_tensor")
-    if gather is None and target_key(logits) in _PADS and isinstance(logits.args[0], Node) and _walk_back(logits.args[0], _MOVEMENT):
+    if target_key(logits) in _PADS and isinstance(logits.args[0], Node) and _walk_back(logits.args[0], _MOVEMENT):
         raise Refuse(f"{logits.name} pads the gathered logits before the selection (the vocabulary grows): not localised")
-    if gather is None and (writer := _written_with_gathered(logits, sel, effects)) is not None:
+    if (writer := _written_with_gathered(logits, sel, effects)) is not None:
         raise Refuse(f"the gathered logits are written into {logits.name} by {writer.name} before the selection (vLLM's "
                      "EAGLE-3 scatters its draft vocabulary into the target's so): not localised")
-    return gather
-
-
-_PADS = {torch.nn.functional.pad, torch._C._nn.pad, torch.ops.aten.constant_pad_nd.default, torch.ops.aten.pad.default}
+    return None
 
 
 def _written_with_gathered(node: Node, sel: Node, effects: Effects) -> Node | None:
