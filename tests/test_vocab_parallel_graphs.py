@@ -621,9 +621,25 @@ class Refusals(_FakeGroup):
         def padded(x):  # the vocabulary grows after the gather: refused (it used to pass unreported)
             return torch.nn.functional.pad(_tp.gather_dim(x), (0, 8), value=float("-inf")).argmax(dim=-1)
 
+        def scattered_functionally(x):  # no write in place: scatter returns a new tensor
+            logits = _tp.gather_dim(x)
+            full = logits.new_full((logits.shape[0], 24), float("-inf"))
+            ids = targets.expand(logits.shape[0], -1)
+            return full.scatter(1, ids, logits).float().argmax(dim=-1), torch.slice_scatter(full, logits, 1, 0, 16).max(-1)
+
         self.assertIn("written into full by copy_ before the selection", self.refusal(into_a_view, X))
         self.assertIn("pads the gathered logits before the selection", self.refusal(padded, X))
         self.assertIn("pads the gathered logits before the selection", _tp.aten_graphs(padded, X)[2].format())
+        # after AOT autograd the writes are functional (slice_scatter, index_put): refused there too (they
+        # passed unreported, which a draft whose gather only the post-grad pass sees, DTensor's on torch 2.11, shows)
+        for draft, writer in ((into_a_view, "slice_scatter"), (scattered, "index_put")):
+            report = _tp.aten_graphs(draft, X)[2].format()
+            self.assertRegex(report, f"scattered into full(_default)? by {writer} before the selection")
+        report = self.refusal(scattered_functionally, X)
+        self.assertIn("0 rewrites, 2 refusals", report)
+        self.assertIn("scattered into full by scatter before the selection", report)
+        self.assertIn("scattered into full by slice_scatter before the selection", report)
+        self.assertIn("2 refusals", _tp.aten_graphs(scattered_functionally, X)[2].format())
         self.assertExpectedInline(self.rewrite(selected_before_the_write, X, torch.randn(3, 16))[2], """[vocab_parallel] 0 rewrites, 0 refusals""")
         self.assertExpectedInline(self.refusal(scattered, X), """\
 [vocab_parallel] 0 rewrites, 2 refusals

@@ -47,6 +47,16 @@ aten = torch.ops.aten
 PASS_NAME = "vocab_parallel"
 # F.pad and its ATen ops: the vocabulary grows after the gather
 _PADS = {torch.nn.functional.pad, torch._C._nn.pad, aten.constant_pad_nd.default, aten.pad.default}
+# Ops that return their first argument with other values written into it (the functional forms of
+# buf[:, ids] = g and buf[:, :n].copy_(g), as AOT autograd writes those): gathered logits scattered so
+_SCATTERS = {
+    "scatter", "scatter_add", "scatter_reduce", "index_put", "index_copy", "index_add", "masked_scatter",
+    torch.scatter, torch.scatter_add, torch.scatter_reduce, torch.index_put, torch.index_copy, torch.index_add,
+    torch.masked_scatter, torch.slice_scatter, torch.select_scatter, torch.diagonal_scatter, torch.as_strided_scatter,
+    aten.scatter.src, aten.scatter.reduce, aten.scatter_add.default, aten.scatter_reduce.two, aten.index_put.default,
+    aten.index_copy.default, aten.index_add.default, aten.masked_scatter.default, aten.slice_scatter.default,
+    aten.select_scatter.default, aten.diagonal_scatter.default, aten.as_strided_scatter.default,
+}  # fmt: skip
 # Exact integers in the payload: float32 holds every id below 2**24, float64 below 2**53.
 _EXACT_IDS = {torch.float32: 2**24, torch.float64: 2**53}
 # The payload dtype a bare selection's values travel in exactly, by their dtype.
@@ -201,9 +211,17 @@ def _gather_of(logits: Node, sel: Node, effects: Effects) -> Gather | None:
     if target_key(logits) in _PADS and isinstance(logits.args[0], Node) and _walk_back(logits.args[0], _MOVEMENT):
         raise Refuse(f"{logits.name} pads the gathered logits before the selection (the vocabulary grows): not localised")
     if (writer := _written_with_gathered(logits, sel, effects)) is not None:
-        raise Refuse(f"the gathered logits are written into {logits.name} by {writer.name} before the selection (vLLM's "
-                     "EAGLE-3 scatters its draft vocabulary into the target's so): not localised")
-    return None
+        into = f"written into {logits.name} by {writer.name}"
+    elif (writer := _scattered_with_gathered(logits)) is not None:
+        into = f"scattered into {_name(writer.args[0])} by {writer.name}"
+    else:
+        return None
+    raise Refuse(f"the gathered logits are {into} before the selection (vLLM's EAGLE-3 scatters its draft vocabulary "
+                 "into the target's so): not localised")
+
+
+def _name(value) -> str:
+    return value.name if isinstance(value, Node) else repr(value)
 
 
 def _written_with_gathered(node: Node, sel: Node, effects: Effects) -> Node | None:
@@ -213,6 +231,24 @@ def _written_with_gathered(node: Node, sel: Node, effects: Effects) -> Node | No
         written = set(written_values(writer) or ())
         if any(v not in written and _walk_back(v, _MOVEMENT) for v in writer.all_input_nodes):
             return writer
+    return None
+
+
+def _scattered_with_gathered(node: Node) -> Node | None:
+    """The functional scatter (slice_scatter, index_put, scatter, ...) that `node` is, or reads through
+    views and casts, whose written values are gathered logits (copied in: aten's copy(slice, g)), if any."""
+    seen, frontier = {node}, [node]
+    while frontier and len(seen) < 64:
+        current = frontier.pop()
+        if target_key(current) in _SCATTERS:
+            base = current.args[0] if current.args else None
+            if any(v is not base and _walk_back(v, _MOVEMENT | {aten.copy.default}) for v in current.all_input_nodes):
+                return current
+        if target_key(current) in _MOVEMENT or as_cast(current) or as_scale(current):
+            for source in current.all_input_nodes:
+                if source not in seen:
+                    seen.add(source)
+                    frontier.append(source)
     return None
 
 
