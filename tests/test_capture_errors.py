@@ -137,7 +137,8 @@ def test_a_compile_that_fails_under_inference_mode_is_named_and_leaves_torch_wor
     """torch 2.13 cannot compile a KV write under inference_mode ("Cannot set version_counter for inference
     tensor", plain torch.compile too): that raw error came out, and every torch op after it failed an
     internal assert ("PythonDispatcherTLS was not set"), grad mode left off. Now a DraftCaptureError with the
-    fix, and the thread's dispatch keys and grad mode are the caller's again."""
+    fix, and the thread's dispatch keys and grad mode are the caller's again. torch 2.11 fails there with a
+    RuntimeError whose message is a storage's weakref: the same DraftCaptureError."""
     keys = (torch._C._dispatch_tls_local_include_set(), torch._C._dispatch_tls_local_exclude_set())
     worker, eager = _InferenceWorker(), _InferenceWorker()
     eager.load_state_dict(worker.state_dict())

@@ -27,6 +27,8 @@ from draftfuse.passes.report import PassReport
 from draftfuse.passes.seed_fold import fold_seed, strip_seams
 from draftfuse.passes.softmax_topk import rewrite_softmax_topk
 from draftfuse.passes.vocab_parallel import dynamo_pass as vocab_parallel_pass
+from draftfuse.runtime.errors import DraftCaptureError
+from draftfuse.runtime.translate import inference_mode_error, is_inductor_error
 
 log = logging.getLogger("draftfuse")
 _POST_GRAD_KEY = "post_grad_custom_pre_pass"
@@ -100,9 +102,20 @@ def lower(prepared: Prepared, example_inputs: Sequence[Any], options: Options) -
     gm = prepared.graph_module
     if log.isEnabledFor(logging.INFO):
         log.info("draftfuse: graph handed to Inductor (config %s):\n%s", patches, gm.print_readable(print_output=False))
-    compiled = compile_fx(gm, example_inputs, config_patches=patches)
+    try:
+        compiled = compile_fx(gm, example_inputs, config_patches=patches)
+    except Exception as exc:
+        # AOT autograd, not Inductor, failing on a graph that enters inference mode: torch 2.11's raw error
+        # there (a storage's weakref as its message) says nothing a draft's author could act on
+        if not isinstance(exc, DraftCaptureError) and not is_inductor_error(exc) and _enters_inference_mode(gm.graph):
+            raise inference_mode_error(exc) from exc
+        raise
     if post_grad is not None and not patches.get("use_post_grad_passes", torch._inductor.config.use_post_grad_passes):
         log.warning("draftfuse post-grad passes: not run, Inductor's use_post_grad_passes is off (mode='lite' turns it off)")
     elif post_grad is not None and not post_grad.reports:
         log.info("draftfuse post-grad passes: not run, FX graph cache hit")
     return compiled, CompileRecord(prepared, post_grad, patches, options)
+
+
+def _enters_inference_mode(graph: torch.fx.Graph) -> bool:
+    return bool(graph.find_nodes(op="call_function", target=torch.autograd.grad_mode._enter_inference_mode))

@@ -40,6 +40,7 @@ _AS_INT = re.compile(r"extract specialized integer from data-dependent expressio
 # torch 2.11: a host read used as an index reaches the fake tensor as a SymInt, which indexing refuses
 # (x[0, t[0, 0].item() % 3]); a 0-d tensor index raises _AS_INT's message as a UserError
 _SYMINT_INDEX = re.compile(r"valid indices \(got SymInt\)")
+_ADDRESS = re.compile(r" at 0x[0-9a-f]+")  # torch 2.11's error under inference_mode is a weakref's repr
 _INFERENCE_VERSION = re.compile(r"version_counter for inference tensor")  # torch 2.11-2.13 under inference_mode
 
 
@@ -122,7 +123,7 @@ def from_exception(exc: BaseException, first_host_read: str = "") -> DraftCaptur
     """The DraftCaptureError that `exc` (raised by a draft's compile or call) stands for; None for an
     error that is torch's own (a bug to report) rather than the draft's. `first_host_read` is the
     file:line of the draft's first data-dependent value, where the caller found it."""
-    if isinstance(exc, torch._dynamo.exc.BackendCompilerFailed) and not _is_inductor_error(exc):
+    if isinstance(exc, torch._dynamo.exc.BackendCompilerFailed) and not is_inductor_error(exc):
         exc = exc.inner_exception  # the backend's own error, raised while compiling (Inductor's is one too)
     if isinstance(exc, DraftCaptureError):
         return exc
@@ -153,14 +154,8 @@ def from_exception(exc: BaseException, first_host_read: str = "") -> DraftCaptur
         skipped = re.search(r"^\s*- \S+ \(([^()]+:\d+)\): (.+)$", str(exc), re.M)
         return skipped_error(skipped.group(2) if skipped else first_line(str(exc), type(exc).__name__), skipped.group(1) if skipped else "")
     if _INFERENCE_VERSION.search(str(exc)):
-        return DraftCaptureError(
-            "torch cannot compile this draft under torch.inference_mode(): its compiler sets the version "
-            f"counter of an inference tensor ({first_line(str(exc), type(exc).__name__)}); plain torch.compile fails the same way",
-            where=_location(exc),
-            fix="use torch.no_grad() where the draft uses or is called under torch.inference_mode() (draft_loop "
-            "runs it without grad anyway)",
-        )
-    if _is_inductor_error(exc):
+        return inference_mode_error(exc)
+    if is_inductor_error(exc):
         return DraftCaptureError(
             f"torch's compiler (Inductor) failed on this draft: {first_line(str(exc), type(exc).__name__)}",
             where=_location(exc),
@@ -183,6 +178,18 @@ def from_exception(exc: BaseException, first_host_read: str = "") -> DraftCaptur
     return None
 
 
+def inference_mode_error(exc: BaseException) -> DraftCaptureError:
+    """torch 2.11-2.13 fail to compile in-place writes under torch.inference_mode() (2.13: "Cannot set
+    version_counter for inference tensor"; 2.11: a RuntimeError whose message is a storage's weakref)."""
+    return DraftCaptureError(
+        "torch cannot compile this draft under torch.inference_mode(): its compiler failed on the draft's "
+        f"inference tensors ({type(exc).__name__}: {_ADDRESS.sub('', first_line(str(exc), ''))}); plain torch.compile fails the same way",
+        where=_location(exc),
+        fix="use torch.no_grad() where the draft uses or is called under torch.inference_mode() (draft_loop "
+        "runs it without grad anyway)",
+    )
+
+
 def skipped_error(reason: str, where: str) -> DraftCaptureError:
     """Dynamo skipped the draft's frame whole (`reason`): it would run eagerly, not as one compiled region."""
     return DraftCaptureError(
@@ -202,7 +209,7 @@ def _used_as_an_int(detail: str, where: str) -> HostSyncError:
     )
 
 
-def _is_inductor_error(exc: BaseException) -> bool:
+def is_inductor_error(exc: BaseException) -> bool:
     return type(exc).__name__ == "InductorError"  # torch._inductor.exc's; a BackendCompilerFailed on torch 2.13
 
 
