@@ -409,6 +409,32 @@ def test_values_of_probabilities_read_elsewhere_are_their_elements(k, lowering):
     assert "read elsewhere too" in "\n".join(map(str, recording.compiles[-1].reports))
 
 
+@pytest.mark.parametrize("lowering", ["torch", "kernels"])
+@pytest.mark.parametrize("k", [1, 4])
+@pytest.mark.parametrize("twin", ["same call", "another spelling"])
+def test_values_compared_with_a_twin_softmax_are_its_elements(twin, k, lowering):
+    """The same softmax spelled twice (a logits processor recomputing the probabilities to mask them by the
+    k-th selected one, as a min-p or top-k warper does): eager's two are bit for bit alike, so the mask
+    keeps k entries. The values were recomputed from the exp-sum, as if nothing else read the
+    probabilities, and the mask dropped the k-th entry where their last bit differed (helper-62's repro:
+    one row of four, and the sampled token changed). Gathered from the probabilities now."""
+
+    def draft(logits):
+        values, index = torch.softmax(logits.float(), -1).topk(k, -1)
+        probs = torch.softmax(logits.float(), -1) if twin == "same call" else logits.float().softmax(dim=-1)
+        return (probs >= values[..., -1:]).sum(-1), index, values
+
+    torch.manual_seed(0)
+    logits = torch.randn(64, 4096) * 3  # float32: no ties among the top k
+    recording = backend.Backend(Options(lowering=lowering))
+    kept, index, values = torch.compile(draft, backend=recording, fullgraph=True)(logits)
+    want_kept, want_index, want_values = draft(logits)
+    assert torch.equal(index, want_index)
+    torch.testing.assert_close(values, want_values)
+    assert kept.tolist() == want_kept.tolist() == [k] * 64
+    assert "read elsewhere too" in "\n".join(map(str, recording.compiles[-1].reports))
+
+
 def test_values_are_gathered_when_a_refused_selection_reads_the_probabilities():
     """A selection the pass refuses (topk(sorted=False), k > 1) reads the probabilities too: it counted as
     a selection, so the rewritten max's value was recomputed and equalled no value of the refused topk in

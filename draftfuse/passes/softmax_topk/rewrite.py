@@ -8,7 +8,8 @@ delete in-place writes there). New nodes go right after the softmax: that is whe
 values the selection saw.
 
 The values are computed from the softmax's exp-sum (float32 inside), not read from a probability tensor,
-except where something other than selections reads the probabilities: they are computed anyway then,
+except where something other than selections reads the probabilities, or those of a twin (the same
+softmax spelled again, which eager computes bit for bit alike): they are computed anyway then,
 and the values are gathered from them at the new index, the very elements the original selection
 returned (a recomputed value may differ in its last bit, and code that compares the probabilities with
 their max, `probs == probs.max(-1, keepdim=True).values`, would then find no max).
@@ -29,8 +30,9 @@ from draftfuse.kernels import selection_kernels_available  # registers torch.ops
 from draftfuse.passes.driver import Refuse, rewrite_selections
 from draftfuse.passes.report import PassReport, Rewrite
 from draftfuse.passes.softmax_topk.emit import PASS_NAME, AtenEmitter, Emitter, SoftmaxParts, TorchEmitter
-from draftfuse.passes.softmax_topk.forms import HALF, as_cast
+from draftfuse.passes.softmax_topk.forms import HALF, Softmax, as_cast, peel_logits
 from draftfuse.passes.softmax_topk.match import Match, describe, match
+from draftfuse.passes.softmax_topk.recognise import recognise
 
 log = logging.getLogger("draftfuse.passes.softmax_topk")
 
@@ -55,9 +57,38 @@ def _replay_casts(m: Match, emit: Emitter, value: Node) -> Node:
     return value
 
 
-def read_elsewhere(probs: Node, rewritten: Callable[[Selection], bool]) -> bool:
+def read_elsewhere(softmax: Softmax, level: str, rewritten: Callable[[Selection], bool]) -> bool:
     """Whether anything but selections this pass rewrites (directly or through casts) reads the
-    probabilities: a selection it refuses reads them too."""
+    probabilities, or those of a twin: the same softmax spelled again (a helper's `softmax(logits)`),
+    which eager computes bit for bit alike, so a reader comparing the twin's probabilities with the
+    values (`probs >= values[:, -1:]`) must get values from a probability tensor too (Inductor merges
+    the twins into one)."""
+    return any(_read_by_others(node, rewritten) for node in [softmax.node, *_twins(softmax, level)])
+
+
+def _twins(softmax: Softmax, level: str, limit: int = 256) -> list[Node]:
+    """Other softmaxes over the same dim of the same logits (through casts and positive scales, which
+    may make them differ: then the values are only gathered where they need not be)."""
+    root = peel_logits(softmax.scores)[0]
+    seen, frontier, found = {root}, [(root, 0)], []
+    while frontier and len(seen) < limit:
+        node, depth = frontier.pop()
+        if node is not softmax.node:
+            try:
+                other = recognise(node, level)
+            except Refuse:
+                other = None
+            if other is not None and (other.dim, other.log) == (softmax.dim, softmax.log) and peel_logits(other.scores)[0] is root:
+                found.append(node)
+        if depth < 8:
+            for user in node.users:
+                if user not in seen:
+                    seen.add(user)
+                    frontier.append((user, depth + 1))
+    return found
+
+
+def _read_by_others(probs: Node, rewritten: Callable[[Selection], bool]) -> bool:
     frontier = list(probs.users)
     while frontier:
         user = frontier.pop()
@@ -261,7 +292,7 @@ def rewrite_graph(graph: torch.fx.Graph, *, probs: str = "exact", lowering: str 
 
     def apply(sel: Selection, m: Match, erased: set[Node]) -> Rewrite:
         parts = parts_by_softmax.get(m.softmax.node) or SoftmaxParts(
-            emitter_cls(origin=sel.node, cursor=m.softmax.node), m.softmax, read_elsewhere(m.softmax.node, rewritten)
+            emitter_cls(origin=sel.node, cursor=m.softmax.node), m.softmax, read_elsewhere(m.softmax, level, rewritten)
         )
         parts.emit.origin = sel.node
         start = parts.emit.cursor
