@@ -416,3 +416,34 @@ def test_probabilities_rounded_to_float8_are_not_rewritten():
     documented case; float8 is refused)."""
     report = run_both(fp8_probabilities, _CLOSE)
     assert report.rewrites == [] and "float8" in report.refusals[0].reason
+
+
+def _reads_through_numpy(logits, n):
+    bias = torch.from_numpy(n.numpy() * 2)  # Dynamo records the * as an operator on NumPy arrays
+    return torch.softmax(logits + bias[:, None], -1).topk(2, -1).indices
+
+
+def _writes_through_numpy(logits, n):
+    a = n.numpy()
+    a += 1  # writes n: the array shares its memory
+    return torch.softmax(logits + n[:, None], -1).topk(2, -1).indices
+
+
+def test_operators_on_numpy_arrays_write_what_their_operator_writes():
+    """A draft reading an input through `.numpy()` (helper-62's repro): Dynamo records `a * 2` on the array as
+    a wrapped `operator.mul`, which resolves to no ATen op, so it was unknown and `n` a written input: the
+    second call with a new tensor raised CudagraphSkipError. The wrapped in-place operators write their first
+    argument (a view of `n`), the others nothing."""
+    from draftfuse import CudagraphSkipError, draft_loop
+
+    logits = torch.randn(4, 16)
+    reads, writes = draft_loop(_reads_through_numpy), draft_loop(_writes_through_numpy)
+    for step in range(3):
+        n = torch.arange(4.0) * step
+        assert torch.equal(reads(logits, n), _reads_through_numpy(logits, n))
+    n, m = torch.arange(4.0), torch.arange(4.0)
+    assert torch.equal(writes(logits, n), _writes_through_numpy(logits, m)) and torch.equal(n, m)
+    with pytest.raises(CudagraphSkipError, match="input 'n' is written in place"):
+        writes(logits, torch.arange(4.0) * 2)
+    wrapped = [n for n in dynamo_graph(_reads_through_numpy, logits, n).graph.nodes if type(n.target).__name__ == "numpy_operator_wrapper"]
+    assert len(wrapped) == 1 and written_values(wrapped[0]) == [] and not is_random(wrapped[0])

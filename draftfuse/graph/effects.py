@@ -43,6 +43,7 @@ from typing import Any
 
 import torch
 import torch.fx
+from torch._dynamo.utils import numpy_operator_wrapper
 from torch._library.fake_class_registry import FakeScriptObject
 from torch.fx.experimental.symbolic_shapes import free_unbacked_symbols
 from torch.multiprocessing.reductions import StorageWeakRef
@@ -124,6 +125,8 @@ def _is_plain_python(node: Node) -> bool:
     """A call on Python values (operator.add, math.sqrt, a Python-level Tensor method that never writes)."""
     if node.op == "call_method":
         return node.target in _PYTHON_METHODS or node.target in _PURE_DUNDERS
+    if isinstance(node.target, numpy_operator_wrapper):  # an operator on NumPy arrays (`n.numpy() * 2`), as Dynamo records it
+        return getattr(node.target.op, "__module__", None) in _PLAIN_MODULES
     module = getattr(node.target, "__module__", None) or ""
     return module in _PLAIN_MODULES
 
@@ -180,6 +183,8 @@ def written_values(node: Node) -> list[Node] | None:
         return None  # a body of its own, with writes not looked into
     if node.target in (_IN_PLACE_DUNDERS if node.op == "call_method" else _IN_PLACE_OPERATORS):
         return [node.args[0]] if isinstance(node.args[0], Node) else []
+    if isinstance(node.target, numpy_operator_wrapper) and node.target.op in _IN_PLACE_OPERATORS:  # `a = n.numpy(); a += 1`
+        return [node.args[0]] if node.args and isinstance(node.args[0], Node) else []
     if _converts_dtensor(node):
         return []
     written: list[Node] = []
