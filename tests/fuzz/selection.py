@@ -242,6 +242,7 @@ class _Builder:
         self.tags: list[str] = []
         self.counter = itertools.count()
         self.grad = False  # an input requires grad
+        self.softmax_calls: dict[str, str] = {}  # probabilities' name -> the call computing them (for a twin)
 
     def fresh(self, stem: str) -> str:
         return f"{stem}{next(self.counter)}"
@@ -794,11 +795,13 @@ def _softmax(b: _Builder, s: str, dim: int, log: bool, dtype: torch.dtype | None
     dtype_text = f", dtype={DTYPE_SRC[dtype]}" if dtype is not None else ""
     name = b.fresh("probs")
     if fn == "method":
-        b.emit(f"{name} = {s}.{'log_softmax' if log else 'softmax'}({dim_text}{dtype_text})")
+        call = f"{s}.{'log_softmax' if log else 'softmax'}({dim_text}{dtype_text})"
     else:
         if fn == "torch.special.softmax" or fn == "torch.special.log_softmax":
             dim_text = f"{d}"  # torch.special spells dim positionally
-        b.emit(f"{name} = {fn}({s}, {dim_text}{dtype_text})")
+        call = f"{fn}({s}, {dim_text}{dtype_text})"
+    b.emit(f"{name} = {call}")
+    b.softmax_calls[name] = call
     if dtype is not None:
         b.tag("softmax dtype=" + str(dtype).removeprefix("torch.") + ("" if _is_upcast(m.dtype, dtype) else " (narrower)"))
     b.models[name] = model_softmax(m, dim, log, dtype)
@@ -978,7 +981,12 @@ def _select(b: _Builder, source: str, model: Model, dim: int, k: int, plan: dict
         largest = plan["largest"] if kind == "topk" else kind == "max"
         cut = f"{v}.{'amin' if largest else 'amax'}({d}, keepdim=True)" if keep else f"{v}.unsqueeze({d})"
         n = b.fresh("n")
-        b.emit(f"{n} = ({source} {'>=' if largest else '<='} {cut}).sum({d})")
+        compared = source
+        if source in b.softmax_calls and c.flag(0.5):  # the same softmax spelled again (a logits processor's)
+            compared = b.fresh("twin")
+            b.emit(f"{compared} = {b.softmax_calls[source]}")
+            b.tag("values compared with a twin softmax")
+        b.emit(f"{n} = ({compared} {'>=' if largest else '<='} {cut}).sum({d})")
         returned.append(n)
         outs.append(Out("other"))
         b.tag("values compared with their source")
