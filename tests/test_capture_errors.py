@@ -480,7 +480,9 @@ def _split_by_a_count(x):
 
 
 def test_a_data_dependent_size_keeps_the_padding_fix_not_the_index_one():
-    # the same "Could not extract specialized integer" from a size (size-like symbols): padding fits, gather does not
+    # the same "Could not extract specialized integer" from a size (size-like symbols): padding fits, gather does not.
+    # torch 2.11 raises "Could not guard on data-dependent expression" inside split's decomposition: it was
+    # worded as the draft's own Python decision
     with pytest.raises(HostSyncError, match="data-dependent value read on the host") as info:
         draft_loop(_split_by_a_count)(torch.randn(2, 8))
     assert info.value.where == _line("count as a size")

@@ -35,6 +35,9 @@ _BRANCH_FIX = "compute both sides and pick with torch.where (or use torch.cond):
 _UNBOUND = re.compile(r"failed to bind arguments|argument mismatch", re.I)  # a call whose arguments do not bind
 FOLD_LOOP_CALL = "_df_loop_("  # how fold's generated composition calls the loop (a line of its source)
 _DECISION = re.compile(r"guard on data-dependent expression", re.I)
+# ... raised inside a torch op (torch 2.11's split by a count read from a tensor guards in its decomposition),
+# not by Dynamo evaluating the draft's own if/bool()/comparison: a size, not a decision
+_GUARD_IN_AN_OP = re.compile(r"^Caused by: .*\((?!_dynamo/)[\w/.-]+\.py:\d+ in \w+\)\s*$", re.M)
 # x[0, t[0]] with t[0] a 0-d tensor; with size-like symbols it is a data-dependent size (split(x, n_nonzero))
 _AS_INT = re.compile(r"extract specialized integer from data-dependent expression.*Size-like symbols: none", re.I | re.S)
 # torch 2.11: a host read used as an index reaches the fake tensor as a SymInt, which indexing refuses
@@ -135,7 +138,7 @@ def from_exception(exc: BaseException, first_host_read: str = "") -> DraftCaptur
     if _SYMINT_INDEX.search(str(exc)) or (isinstance(exc, torch._dynamo.exc.UserError) and _AS_INT.search(str(exc))):
         return _used_as_an_int(first_line(str(exc), type(exc).__name__), _location(exc) or first_host_read)  # torch 2.11's forms
     if is_data_dependent(exc):
-        if _DECISION.search(str(exc)):
+        if _DECISION.search(str(exc)) and not _GUARD_IN_AN_OP.search(str(exc)):
             read = f" read at {first_host_read}" if first_host_read else ""
             return HostSyncError(f"a Python decision (an if, bool(), a comparison) on a value{read} from a tensor: the "
                                  "host would wait for the device", where=_location(exc) or first_host_read, fix=_BRANCH_FIX)
