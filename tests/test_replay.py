@@ -1287,7 +1287,8 @@ def _bumps_seq_lens(logits, meta):
 
 def test_an_attribute_store_is_named_as_one_in_the_no_fast_replay_warning():
     """Dynamo's code stores the attribute on every call through its helper object_setattr_ignore_descriptor:
-    the warning named that helper as 'a load of a global', not the store."""
+    the warning named that helper as 'a load of a global', not the store. (torch 2.11's code stores it with
+    STORE_ATTR, which the warning named by its opcode.)"""
     meta = _AttentionMetadata(torch.zeros(3, dtype=torch.int32))
     compiled = draftfuse.draft_loop(_bumps_seq_lens)
     with pytest.warns(UserWarning, match=r"no fast replay .*\(an attribute store"):

@@ -85,6 +85,8 @@ def _impure_instruction(code: Any, fetched: set[str], pinned: Callable[[str], bo
         op, arg = instruction.opname, instruction.argval
         if op.startswith("LOAD_FAST"):  # LOAD_FAST_CHECK, LOAD_FAST_LOAD_FAST (Python 3.13: the last is on top)
             op, arg = "LOAD_FAST", arg[-1] if isinstance(arg, tuple) else arg
+        if op == "STORE_ATTR":  # torch 2.11's code stores attributes so; 2.13's calls a helper (below)
+            return f"a side effect (an attribute store, .{arg} = value or .{arg} += 1, which Dynamo's code makes on every call)"
         if op in _SIDE_EFFECT_OPS:
             return f"a side effect ({op} {arg})"
         if op in ("STORE_DEREF", "DELETE_DEREF") and arg in code.co_freevars:
