@@ -646,6 +646,26 @@ class Refusals(_FakeGroup):
   tests/test_vocab_parallel_graphs.py:608: refused: the gathered logits are written into full by setitem before the selection (vLLM's EAGLE-3 scatters its draft vocabulary into the target's so): not localised [argmax]
   tests/test_vocab_parallel_graphs.py:608: refused: the gathered logits are written into full by setitem before the selection (vLLM's EAGLE-3 scatters its draft vocabulary into the target's so): not localised [topk]""")
 
+    def test_a_gather_into_a_buffer_the_draft_is_given_is_refused_with_the_reason(self):
+        """A CUDA-graph runner's static buffer passed in: `dist.all_gather_into_tensor(buf, x)` is a gather and a
+        copy_ into the input, which the reassembly then views. The Dynamo-level pass said nothing (helper-64); the
+        post-grad one refuses it (the written input is an output). vLLM's own form, the buffer made by the draft
+        (`_all_gather_out_place`), is still rewritten."""
+
+        def into_an_input(x, buf):
+            dist.all_gather_into_tensor(buf, x)
+            return torch.softmax(buf.view(2, *x.shape).movedim(0, 1).reshape(x.shape[0], -1), -1).topk(2, -1)
+
+        def into_its_own(x):
+            out = torch.empty((x.shape[0] * 2, *x.shape[1:]), dtype=x.dtype)
+            dist.all_gather_into_tensor(out, x)
+            return torch.softmax(out.reshape(2, *x.shape).movedim(0, 1).reshape(x.shape[0], -1), -1).topk(2, -1)
+
+        report = self.refusal(into_an_input, X, torch.empty(6, 8))
+        self.assertIn("0 rewrites, 1 refusal", report)
+        self.assertIn("written into l_buf_ by copy_ before the selection (an input of the draft", report)
+        self.assertIn("1 rewrite, 0 refusals", self.rewrite(into_its_own, X)[2])
+
 
 def test_an_unknown_option_raises():
     """As rewrite_softmax_topk: a misspelt option is the caller's error, not a note in the report."""

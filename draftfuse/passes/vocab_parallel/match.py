@@ -210,14 +210,30 @@ def _gather_of(logits: Node, sel: Node, effects: Effects) -> Gather | None:
                      "gather with funcol.all_gather_tensor or dist.all_gather_into_tensor")
     if target_key(logits) in _PADS and isinstance(logits.args[0], Node) and _walk_back(logits.args[0], _MOVEMENT):
         raise Refuse(f"{logits.name} pads the gathered logits before the selection (the vocabulary grows): not localised")
-    if (writer := _written_with_gathered(logits, sel, effects)) is not None:
-        into = f"written into {logits.name} by {writer.name}"
-    elif (writer := _scattered_with_gathered(logits)) is not None:
-        into = f"scattered into {_name(writer.args[0])} by {writer.name}"
-    else:
-        return None
-    raise Refuse(f"the gathered logits are {into} before the selection (vLLM's EAGLE-3 scatters its draft vocabulary "
-                 "into the target's so): not localised")
+    eagle3 = "vLLM's EAGLE-3 scatters its draft vocabulary into the target's so"
+    for target in [logits, *_viewed(logits)]:
+        if (writer := _written_with_gathered(target, sel, effects)) is not None:
+            why = "an input of the draft: its caller sees the gather there" if target.op == "placeholder" else eagle3
+            raise Refuse(f"the gathered logits are written into {target.name} by {writer.name} before the selection ({why}): not localised")
+    if (writer := _scattered_with_gathered(logits)) is not None:
+        raise Refuse(f"the gathered logits are scattered into {_name(writer.args[0])} by {writer.name} before the selection ({eagle3}): not localised")
+    return None
+
+
+def _viewed(node: Node) -> list[Node]:
+    """The tensors `node` is a view or reshuffle of (walking back through the reassembly's ops), itself excluded:
+    a buffer the gather was copied into before `node` viewed it (`dist.all_gather_into_tensor(buf, x)`)."""
+    found, frontier, seen = [], [node], {node}
+    while frontier and len(seen) < 64:
+        current = frontier.pop()
+        if current is not node:
+            found.append(current)
+        if target_key(current) in _MOVEMENT:
+            for source in current.all_input_nodes:
+                if source not in seen:
+                    seen.add(source)
+                    frontier.append(source)
+    return found
 
 
 def _name(value) -> str:
