@@ -58,10 +58,7 @@ _IN_PLACE_OPERATORS = frozenset({
 })  # fmt: skip
 # Operators on tensors that Dynamo (torch 2.11) records as their dunder methods (`positions == 0` as
 # positions.__eq__(0)): the in-place ones write their first argument, as `operator`'s do, the others nothing.
-_IN_PLACE_DUNDERS = frozenset({
-    "__setitem__", "__delitem__", "__iadd__", "__isub__", "__imul__", "__itruediv__", "__ifloordiv__", "__imod__",
-    "__ipow__", "__iand__", "__ior__", "__ixor__", "__ilshift__", "__irshift__", "__imatmul__",
-})  # fmt: skip
+_IN_PLACE_DUNDERS = frozenset(f"__{op.__name__}__" for op in _IN_PLACE_OPERATORS)
 _PURE_DUNDERS = frozenset({
     f"__{name}__" for name in ("eq", "ne", "lt", "le", "gt", "ge", "neg", "pos", "abs", "invert", "getitem")
 } | {

@@ -66,6 +66,10 @@ def warn_no_fast_replay(why: str) -> None:
     warnings.warn(f"draftfuse: no fast replay for this draft: {why}; its calls go through Dynamo (correct, slower on the host)", stacklevel=level)
 
 
+def _attribute_store(target: str = "obj.attr") -> str:
+    return f"a side effect (an attribute store, {target} = value or {target} += 1, which Dynamo's code makes on every call)"
+
+
 def _impure_instruction(code: Any, fetched: set[str], pinned: Callable[[str], bool]) -> str:
     """What in Dynamo's code for a frame does more than fetch the graph's inputs (`fetched`: their sources,
     such as L['head']._modules['proj']._parameters['weight']), call the compiled graph and build the return
@@ -86,7 +90,7 @@ def _impure_instruction(code: Any, fetched: set[str], pinned: Callable[[str], bo
         if op.startswith("LOAD_FAST"):  # LOAD_FAST_CHECK, LOAD_FAST_LOAD_FAST (Python 3.13: the last is on top)
             op, arg = "LOAD_FAST", arg[-1] if isinstance(arg, tuple) else arg
         if op == "STORE_ATTR":  # torch 2.11's code stores attributes so; 2.13's calls a helper (below)
-            return f"a side effect (an attribute store, .{arg} = value or .{arg} += 1, which Dynamo's code makes on every call)"
+            return _attribute_store(f".{arg}")
         if op in _SIDE_EFFECT_OPS:
             return f"a side effect ({op} {arg})"
         if op in ("STORE_DEREF", "DELETE_DEREF") and arg in code.co_freevars:
@@ -119,7 +123,7 @@ def _impure_instruction(code: Any, fetched: set[str], pinned: Callable[[str], bo
         if op in ("LOAD_GLOBAL", "LOAD_NAME", "LOAD_ATTR", "LOAD_METHOD"):
             name = str(arg)
             if name == "object_setattr_ignore_descriptor":  # the helper Dynamo's code stores attributes with
-                return "a side effect (an attribute store, obj.attr = value or obj.attr += 1, which Dynamo's code makes on every call)"
+                return _attribute_store()
             if not name.startswith(_ALLOWED_NAMES):
                 return f"a load of {name!r} ({op}: a global, or an attribute that is no graph input)"
     return _unsettled(chain, fetched, pinned) if chain is not None else ""

@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import dataclasses
 import operator
+from collections.abc import Callable
 
 import torch
 
@@ -211,7 +212,7 @@ def _gather_of(logits: Node, sel: Node, effects: Effects) -> Gather | None:
     if target_key(logits) in _PADS and isinstance(logits.args[0], Node) and _walk_back(logits.args[0], _MOVEMENT):
         raise Refuse(f"{logits.name} pads the gathered logits before the selection (the vocabulary grows): not localised")
     eagle3 = "vLLM's EAGLE-3 scatters its draft vocabulary into the target's so"
-    for target in [logits, *_viewed(logits)]:
+    for target in _upstream(logits, _moves):  # the logits, and a buffer they view (dist.all_gather_into_tensor(buf, x))
         if (writer := _written_with_gathered(target, sel, effects)) is not None:
             why = "an input of the draft: its caller sees the gather there" if target.op == "placeholder" else eagle3
             raise Refuse(f"the gathered logits are written into {target.name} by {writer.name} before the selection ({why}): not localised")
@@ -220,20 +221,21 @@ def _gather_of(logits: Node, sel: Node, effects: Effects) -> Gather | None:
     return None
 
 
-def _viewed(node: Node) -> list[Node]:
-    """The tensors `node` is a view or reshuffle of (walking back through the reassembly's ops), itself excluded:
-    a buffer the gather was copied into before `node` viewed it (`dist.all_gather_into_tensor(buf, x)`)."""
-    found, frontier, seen = [], [node], {node}
-    while frontier and len(seen) < 64:
+def _upstream(node: Node, through: Callable[[Node], bool], limit: int = 64) -> list[Node]:
+    """`node` and the nodes it is computed from through nodes for which `through` holds (a bounded walk back)."""
+    found, frontier = [node], [node]
+    while frontier and len(found) < limit:
         current = frontier.pop()
-        if current is not node:
-            found.append(current)
-        if target_key(current) in _MOVEMENT:
+        if through(current):
             for source in current.all_input_nodes:
-                if source not in seen:
-                    seen.add(source)
+                if source not in found:
+                    found.append(source)
                     frontier.append(source)
     return found
+
+
+def _moves(node: Node) -> bool:
+    return target_key(node) in _MOVEMENT
 
 
 def _name(value) -> str:
@@ -253,18 +255,11 @@ def _written_with_gathered(node: Node, sel: Node, effects: Effects) -> Node | No
 def _scattered_with_gathered(node: Node) -> Node | None:
     """The functional scatter (slice_scatter, index_put, scatter, ...) that `node` is, or reads through
     views and casts, whose written values are gathered logits (copied in: aten's copy(slice, g)), if any."""
-    seen, frontier = {node}, [node]
-    while frontier and len(seen) < 64:
-        current = frontier.pop()
+    for current in _upstream(node, lambda n: _moves(n) or bool(as_cast(n) or as_scale(n))):
         if target_key(current) in _SCATTERS:
             base = current.args[0] if current.args else None
             if any(v is not base and _walk_back(v, _MOVEMENT | {aten.copy.default}) for v in current.all_input_nodes):
                 return current
-        if target_key(current) in _MOVEMENT or as_cast(current) or as_scale(current):
-            for source in current.all_input_nodes:
-                if source not in seen:
-                    seen.add(source)
-                    frontier.append(source)
     return None
 
 
