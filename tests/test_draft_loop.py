@@ -7,6 +7,7 @@ serves the tests that only read what it did; the method test compiles a one-step
 from __future__ import annotations
 
 import gc
+import threading
 import warnings
 import weakref
 
@@ -432,3 +433,34 @@ def test_a_draft_method_first_looked_up_inside_a_compiled_region_is_traced_there
     assert torch.equal(got.indices, want.indices) and torch.allclose(got.values, want.values)
     assert not [k for k in vars(worker) if k.startswith("_draftfuse_")]
     assert isinstance(worker.draft, DraftLoop) and torch.equal(worker.draft(h).indices, _eager_draft(worker, h).indices)
+
+
+def test_a_compile_in_another_thread_leaves_a_compiled_draft_compiled():
+    """torch.compiler.is_compiling() is one flag for the process, set for the whole of any compile: a
+    server thread compiling anything made every other thread's draft calls run the draft's Python eagerly
+    (no passes, autograd on), silently (helper-67). Only Dynamo's own trace of the call inlines it now."""
+    draft = draft_loop(lambda x: torch.softmax(x * 2, -1).topk(1, -1))
+    x = torch.randn(3, 8, requires_grad=True)  # eager's outputs would require grad; the draft runs without autograd
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        for _ in range(3):
+            draft(x)
+    compiling, done = threading.Event(), threading.Event()
+
+    def held_backend(gm, example_inputs):  # another thread's compile, held open while this one calls the draft
+        compiling.set()
+        done.wait(60)
+        return gm.forward
+
+    other = threading.Thread(target=torch.compile(lambda y: y + 1, backend=held_backend), args=(torch.ones(2),))
+    other.start()
+    try:
+        assert compiling.wait(60)
+        # the flag this thread sees, though it compiles nothing (torch 2.13; 2.11 sets it only in export)
+        assert torch.compiler.is_compiling() or torch.torch_version.TorchVersion(torch.__version__) < "2.13"
+        probs, index = draft(x)
+    finally:
+        done.set()
+        other.join()
+    assert torch.equal(index, torch.softmax(x * 2, -1).argmax(-1, keepdim=True))
+    assert not probs.requires_grad and len(draft.compiles) == 1  # the compiled draft's, not eager's

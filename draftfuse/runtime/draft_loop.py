@@ -157,7 +157,7 @@ class DraftLoop(AsMethod):
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         if self._instance is not None:
             args = (self._instance, *args)
-        if torch.compiler.is_compiling():  # called inside another compiled region (a draft in a draft): traced there
+        if torch.compiler.is_dynamo_compiling():  # called inside another compiled region (a draft in a draft): traced there
             return self.inline_fn(*args, **kwargs)
         if self._hooks is not None and self._hooks.changed():
             self._compile_anew("a hook of the draft module (or a global module hook) was added or removed")

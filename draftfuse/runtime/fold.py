@@ -79,7 +79,7 @@ class FoldedDraft:
         # the composition takes the seed's defaults as they are now (they may be replaced after fold)
         source, composition = self._defaults_of, self.draft._fn
         if source is not None and (composition.__defaults__ is not source.__defaults__ or composition.__kwdefaults__ is not source.__kwdefaults__):
-            if not torch.compiler.is_compiling():  # (traced in another region, the seed is called: nothing to sync)
+            if not torch.compiler.is_dynamo_compiling():  # (traced in another region, the seed is called: nothing to sync)
                 composition.__defaults__, composition.__kwdefaults__ = source.__defaults__, source.__kwdefaults__
         return self.draft(*args, **kwargs)
 

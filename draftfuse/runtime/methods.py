@@ -62,7 +62,7 @@ class AsMethod:
             bound = self._bound.get(id(instance))
         if isinstance(bound, AsMethod) and bound._instance is instance and bound._fn is self._fn:
             return bound
-        if torch.compiler.is_compiling():  # first looked up inside another compiled region: the method, traced there
+        if torch.compiler.is_dynamo_compiling():  # first looked up inside another compiled region: the method, traced there
             return functools.partial(self.inline_fn, instance)  # (as the draft's call would be; nothing kept)
         bound = self._bound_to(instance)
         bound._looked_up = True  # made again on the next lookup: never pickled (its function's name is this draft's)

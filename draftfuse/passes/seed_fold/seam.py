@@ -94,7 +94,7 @@ def mark_seam_undoable(values: Any, facts: str = "{}") -> tuple[Any, list]:
     beyond the values' own; other containers go through torch's pytree, whose trace is guarded by a
     few dozen checks of pytree's module state (each draft call pays them)."""
     undo: list = []
-    if not torch.compiler.is_compiling():
+    if not torch.compiler.is_dynamo_compiling():
         return values, undo
     tensors: list[torch.Tensor] = []
     if not _walk(values, tensors):
