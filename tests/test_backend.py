@@ -469,6 +469,37 @@ def test_integer_logits_under_a_negative_temperature_tensor_select_eagers_token(
         assert torch.equal(got, draft(x, t)), (t, got)
 
 
+@pytest.mark.parametrize(
+    "dtype, scaled",
+    [
+        (torch.int8, lambda x, t: (x * 2) / t),  # 100 * 2 is -56 in int8
+        (torch.int32, lambda x, t: (x * 2) * 0.5),  # a constant factor after the wrap
+        (torch.uint8, lambda x, t: (x * 2) * 0.5),
+        (torch.int32, lambda x, t: (x * torch.full_like(x[:, :1], 2)) * 0.5),  # an integer per-row scale
+    ],
+)
+def test_an_integer_product_that_wraps_is_selected_as_computed(dtype, scaled):
+    """The walk back from the softmax went through an integer multiplication as through an order-keeping
+    scale, so the selection read the logits from before it wrapped around and picked another token (with
+    probability 1.0 for it; helper-66). An integer product now stops the walk: the selection reads it."""
+    from draftfuse.passes.softmax_topk import rewrite_softmax_topk
+    from tests._graphs import dynamo_graph
+
+    def draft(x, t):
+        return torch.softmax(scaled(x, t), -1).topk(1, -1)
+
+    big = {torch.int8: 100, torch.uint8: 200, torch.int32: 2**30 + 5}[dtype]
+    x = torch.tensor([[big, 100, 5, 3], [1, 2, big, 9]], dtype=dtype)
+    t = torch.tensor([[0.8], [1.5]])
+    gm = dynamo_graph(draft, x, t)
+    result = rewrite_softmax_topk(gm)
+    assert len(result.report.rewrites) == 1, result.report.format()
+    used = (x, t)[: len(gm.graph.find_nodes(op="placeholder"))]  # Dynamo drops a t the draft does not read
+    got, want = result.graph_module(*used), draft(x, t)
+    assert torch.equal(got[1], want.indices), (got[1].tolist(), want.indices.tolist())
+    assert torch.allclose(got[0], want.values)
+
+
 def test_a_one_value_temperature_that_adds_dims_is_not_a_kernel_scale():
     """t of shape [1, 1, 1] broadcasts [5, 7] logits to [1, 5, 7]: the softmax's dim 1 is then the rows of
     the logits, which the kernels (reducing the logits' last dim) would not select over; the torch form

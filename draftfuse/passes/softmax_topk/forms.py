@@ -5,7 +5,7 @@ casts, scales by a constant or a tensor, and the walk back through them (`peel_s
 The walk goes back from the softmax's input to the logits by exact upcasts, positive constant scales
 and one tensor temperature constant along the softmax dim (the order is then that of x * sign(1 / t)).
 It stops, and the selection reads the value there as computed (exact, only more bytes), at anything
-else: a downcast, a negative factor, a second tensor or one that varies along the dim, or a step the
+else: a downcast, a negative factor, an integer product (it wraps around), a second tensor or one that varies along the dim, or a step the
 caller's write test refuses (match.py: a value written in place before the softmax).
 """
 
@@ -133,7 +133,7 @@ def peel_scaled_logits(
     softmax dim) is given and t is constant along it: the selection then follows the sign of t.
 
     The walk stops at the first node it cannot look through, which the selection then reads as computed
-    (exact, only more bytes than the logits): a downcast, a non-positive factor, a second tensor or one
+    (exact, only more bytes than the logits): a downcast, a non-positive factor, an integer product, a second tensor or one
     that varies along the dim, or a step `may_peel(node)` refuses (a write in place)."""
     node, peeled, factor, tensor = scores, [], 1.0, None
     while True:
@@ -147,6 +147,9 @@ def peel_scaled_logits(
                 return node, peeled, factor, tensor  # a downcast may merge values: select on what softmax saw
         else:
             src, by = step
+            product = fake_tensor(node)
+            if product is None or not product.dtype.is_floating_point:
+                return node, peeled, factor, tensor  # an integer product wraps around (int8 100 * 2 is -56)
             if isinstance(by, Node):
                 if dim is None or tensor is not None or not row_constant(by, node, dim):
                     return node, peeled, factor, tensor
