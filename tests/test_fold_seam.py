@@ -4,6 +4,7 @@ removed by the seed fold (the fold off, a force_eager stance, a fold traced insi
 region) the loop reads the seed's values, not copies. Each case below gave other results than
 `loop(*seed(...))` before (a review of fold on patterns of public draft workers)."""
 
+import collections
 import functools
 import warnings
 
@@ -68,6 +69,58 @@ def test_the_loop_appends_to_the_callers_list_and_sets_its_dict():
         assert len(args[1]) == len(twin[1]) == 4
         assert all(torch.equal(a, b) for a, b in zip(args[1], twin[1]))
         assert torch.equal(args[2]["seq_lens"], twin[2]["seq_lens"])
+
+
+def state_seed(x, state):  # a worker's state object, passed in and returned by the seed
+    state["h"] = torch.tanh(x)
+    state["n"] = torch.ones(())
+    return pick(state["h"]), state
+
+
+def state_loop(token, state):
+    tokens = [token]
+    for _ in range(3):
+        state["h"] = torch.tanh(state["h"] + 1)
+        state["n"] = state["n"] + 1
+        tokens.append(pick(state["h"]))
+    return torch.cat(tokens, 1)
+
+
+@pytest.mark.parametrize("make", [collections.OrderedDict, lambda: collections.defaultdict(int)], ids=["OrderedDict", "defaultdict"])
+def test_the_loop_writes_reach_the_callers_dict_subclass(make):
+    """A dict subclass went through torch's pytree, which handed the loop a copy: the caller's state kept
+    the seed's values (n = 1, not 4), and a server reusing it drafted other tokens (helper-65)."""
+    draft = draftfuse.fold(state_seed, state_loop)
+    for got, want, args, twin in _calls(draft, _seed_then_loop(state_seed, state_loop), lambda: (torch.randn(2, 8), make())):
+        assert torch.equal(got, want)
+        assert type(args[1]) is not dict and float(args[1]["n"]) == float(twin[1]["n"]) == 4.0  # the caller's own object
+        torch.testing.assert_close(args[1]["h"], twin[1]["h"])
+
+
+def pop_seed(x, kind):
+    h = torch.tanh(x)
+    return (pick(h), [h * 0.5, h]) if kind == "list" else (pick(h), {"half": h * 0.5, "h": h})
+
+
+def pop_loop(token, hs):
+    h = hs.pop() if isinstance(hs, list) else hs.pop("h")  # the loop takes an entry out of the seed's container
+    tokens = [token]
+    for _ in range(2):
+        h = torch.tanh(h + 1)
+        tokens.append(pick(h))
+    return torch.cat(tokens, 1), hs
+
+
+@pytest.mark.parametrize("kind", ["list", "dict"])
+def test_the_loop_may_remove_entries_of_the_seeds_containers(kind):
+    """Putting the seed's objects back after the loop looked them up where the seed had them: a loop that
+    popped one raised IndexError / KeyError, reported at draftfuse's own line as the draft's (helper-65)."""
+    draft = draftfuse.fold(pop_seed, pop_loop)
+    for got, want, _, _ in _calls(draft, _seed_then_loop(pop_seed, pop_loop), lambda: (torch.randn(2, 8), kind)):
+        assert torch.equal(got[0], want[0])
+        left = got[1] if kind == "list" else list(got[1].values())
+        assert len(left) == 1
+        torch.testing.assert_close(left[0], (want[1] if kind == "list" else list(want[1].values()))[0])
 
 
 # ---- identity and layout of the seed's outputs, read by the loop's Python ----

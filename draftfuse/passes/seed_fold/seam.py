@@ -16,6 +16,7 @@
 
 from __future__ import annotations
 
+import collections
 import json
 from collections.abc import Mapping
 from typing import Any
@@ -85,8 +86,9 @@ def mark_seam_undoable(values: Any, facts: str = "{}") -> tuple[Any, list]:
     `unmark_seam` needs to undo the marking of the lists and dicts among them.
 
     Only where Dynamo traces it: run eagerly (under a force_eager stance, say) it returns `values` as
-    they are. Lists and dicts keep their identity (the loop may append to the caller's list): their
-    entries are replaced in place, and unmark_seam puts the seed's objects back after the loop. Tuples
+    they are. Lists and dicts (and subclasses storing entries as they do) keep their identity (the loop
+    may append to the caller's list): their entries are replaced in place, and unmark_seam puts the
+    seed's objects back after the loop, where the loop left them. Tuples
     are rebuilt; a tensor met twice is marked once, so `a is b` holds in the trace as in eager.
 
     Dynamo traces this inside the folded draft, and every call of the draft checks the guards the trace
@@ -109,8 +111,12 @@ def unmark_seam(undo: list) -> None:
     """Put back the seed's own objects into the lists and dicts mark_seam marked, where the loop left
     the marked ones (what the loop wrote there stays)."""
     for container, key, original, marked in reversed(undo):
-        if container[key] is marked:
-            container[key] = original
+        # where the loop left it: the loop may have removed the entry, or moved it (insert(0, x), pop())
+        keys = range(len(container)) if isinstance(container, list) else list(container)
+        for where in [key, *keys] if key in keys else keys:
+            if container[where] is marked:
+                container[where] = original
+                break
 
 
 def mark_seam_by_pytree(values: Any, facts: str = "{}") -> Any:
@@ -125,14 +131,21 @@ def mark_seam_by_pytree(values: Any, facts: str = "{}") -> Any:
     return tree_unflatten(leaves, spec)
 
 
+_STORES_AS_BUILTINS = (list.__setitem__, dict.__setitem__, collections.OrderedDict.__setitem__)
+
+
 def _walk(value: Any, tensors: list[torch.Tensor]) -> bool:
     """Appends the tensors in `value` to `tensors` (each object once), walking tuples, namedtuples, lists
-    and dicts; False where it meets another container (a tuple, list or dict subclass, say: pytree's)."""
+    and dicts (and their subclasses that store entries as they do); False where it meets another container
+    (a tuple subclass, a deque, a class registered with pytree: pytree's)."""
     kind = type(value)
     # the namedtuple test is written out here and in _rebuild, not shared: Dynamo traces both, and a helper
-    # function is one more global, so one more guard on every replayed call of a folded draft
-    if kind is tuple or kind is list or kind is dict or (isinstance(value, tuple) and hasattr(kind, "_fields")):
-        for seed_output in value.values() if kind is dict else value:  # (the draft's graph names nodes after it)
+    # function is one more global, so one more guard on every replayed call of a folded draft. A list or dict
+    # subclass that stores entries as they do (OrderedDict, defaultdict) is marked in place too: pytree would
+    # hand the loop a copy, and the loop's writes to it would not reach the caller's object.
+    if (kind is tuple or kind is list or kind is dict or (isinstance(value, tuple) and hasattr(kind, "_fields"))
+            or (isinstance(value, (list, dict)) and kind.__setitem__ in _STORES_AS_BUILTINS)):
+        for seed_output in value.values() if isinstance(value, dict) else value:  # (the draft's graph names nodes after it)
             if not _walk(seed_output, tensors):
                 return False
         return True
