@@ -69,7 +69,10 @@ class Options:
     def parse(cls, mode: str | None = None, options: Mapping[str, Any] | None = None) -> Options:
         """Validate `mode` and `options` (see the module docstring); raises ValueError on a bad key or value."""
         own: dict[str, Any] = {}
-        inductor = dict(torch._inductor.list_mode_options(mode)) if mode and mode != "default" else {}
+        modes = torch._inductor.list_mode_options()
+        if mode is not None and mode not in modes:
+            raise ValueError(f"mode={mode!r}: pass one of {', '.join(map(repr, modes))} or None")
+        inductor = dict(modes[mode]) if mode and mode != "default" else {}
         if options is not None and not isinstance(options, Mapping):
             raise ValueError(f"draftfuse: options must be a dict of option names to values, not {type(options).__name__}")
         names = [key.replace("-", "_") if isinstance(key, str) else key for key in (options or {})]

@@ -349,6 +349,16 @@ def test_bare_and_with_arguments():
     for bad in ({"zero_copy_outputs": "no"}, {"max_compiles": 0}, {"max_compiles": "4"}, {"max_compiles": 2.5}):
         with pytest.raises(ValueError, match=f"draft_loop\\({next(iter(bad))}="):
             draft_loop(draft, **bad)
+    # torch's RuntimeError("Unrecognized mode=fast") and AssertionError("A callable function is expected");
+    # a class was taken as the draft, its constructor compiled (helper-67)
+    with pytest.raises(ValueError, match="mode='fast': pass one of 'default', .*'reduce-overhead'"):
+        draft_loop(draft, mode="fast")
+    with pytest.raises(TypeError, match="draft_loop\\(42\\): pass the draft function"):
+        draft_loop(42)
+    with pytest.raises(TypeError, match="draft_loop\\(Linear\\): a class; decorate an instance"):
+        draft_loop(torch.nn.Linear)
+    with pytest.raises(TypeError, match="draft_loop\\(DraftLoop\\): a class; decorate the method"):
+        draft_loop(max_compiles=2)(DraftLoop)
 
 
 def test_a_mode_without_post_grad_passes_says_so(caplog):

@@ -479,6 +479,11 @@ def draft_loop(
 
 
 def _decorate(fn: Callable[..., Any], **settings: Any) -> DraftLoop:
+    if isinstance(fn, type):  # calling it makes an instance: the draft would be the constructor
+        hint = "an instance (draft_loop(model)) or its forward" if issubclass(fn, torch.nn.Module) else "the method that drafts"
+        raise TypeError(f"draft_loop({fn.__name__}): a class; decorate {hint}")
+    if not callable(fn):
+        raise TypeError(f"draft_loop({fn!r}): pass the draft function, a method or an nn.Module")
     if isinstance(fn, torch.nn.Module):
         fn = fn.__call__  # its hooks and forward, as torch.compile(module) runs them
     if isinstance(fn, types.MethodType):  # a bound method: the function, for this instance (as a decorated method)
