@@ -96,6 +96,30 @@ def test_the_draft_s_own_exception_is_quoted():
     assert f"the draft raises {quoted} for this call's arguments" in error.cause, error.cause
 
 
+def _checked_steps(hidden, steps: int = 3):
+    torch._check(steps >= 1, lambda: f"steps must be >= 1, got {steps}")  # <- torch check
+    return torch.softmax(hidden, -1).topk(1, -1)
+
+
+def _described(hidden, model):
+    if hidden.dim() != 2:
+        raise ValueError(f"{model} takes [batch, hidden]")  # <- described
+    return torch.softmax(hidden, -1).topk(1, -1)
+
+
+def test_the_messages_of_torch_check_and_of_a_formatted_object_are_quoted():
+    """torch._check's message (a traced string in Dynamo's exception) and a message formatting an object were
+    dropped: "the draft raises RuntimeError" alone (helper-67)."""
+    error = _raises(GraphBreakError, draft_loop(_checked_steps), torch.randn(2, 8), steps=0)
+    assert error.where == _line("torch check")
+    if torch.__version__ >= "2.13":  # torch 2.11's Dynamo keeps only the exception's type
+        assert "the draft raises RuntimeError('steps must be >= 1, got 0') for" in error.cause, error.cause
+    error = _raises(GraphBreakError, draft_loop(_described), torch.randn(2, 4, 8), torch.nn.Linear(8, 8))
+    assert error.where == _line("described") and "Variable" not in error.cause
+    if torch.__version__ >= "2.13":
+        assert "the draft raises ValueError('<Linear> takes [batch, hidden]') for" in error.cause, error.cause
+
+
 class _StepsError(KeyError):  # a draft's own exception class (KeyError's str is a repr: not the error's)
     pass
 

@@ -230,9 +230,18 @@ def _raised(exc: BaseException | None) -> tuple[str, type | None]:
     if observed is None:
         return "", None
     kind = next((kind for kind, as_observed in torch._dynamo.exc.observed_exception_map.items() if as_observed is type(observed)), None)
-    text = str(observed.args[0]) if observed.args else ""
-    if re.match(r"raised exception \w+\(", text) and "Variable(" not in text:
-        return text.removeprefix("raised exception "), kind
+    message = observed.args[0] if observed.args else ""
+    if kind is not None and hasattr(message, "as_python_constant"):  # torch._check's message: a traced str
+        try:
+            return f"{kind.__name__}({message.as_python_constant()!r})", kind
+        except Exception:
+            pass
+    text = str(message)
+    if text.startswith("raised exception "):
+        # an object formatted into the message shows as Dynamo's variable of it: the object's class's name
+        shown = re.sub(r"\b\w*Variable\((\w+)\)", r"<\1>", text.removeprefix("raised exception "))
+        if re.match(r"\w+\(", shown) and "Variable(" not in shown:
+            return shown, kind
     return (kind.__name__ if kind else ""), kind
 
 
