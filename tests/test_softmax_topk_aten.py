@@ -420,6 +420,16 @@ class AtenRecognisers(TestCase):
         report = self.check_not_rewritten(f, torch.randn(6, 6), torch.rand(6, 1) > 0.5)
         self.assertTrue(any("scale the logits differently" in r.reason for r in report.refusals), str(report))
 
+    def test_a_negative_constant_temperature_is_refused_for_its_sign(self):
+        """Inductor's form of softmax(x / -0.7) was refused as "the two branches of the where scale the
+        logits differently (1.43 and 1.0)" (helper-66): the reason is the factor's sign."""
+
+        def f(x):
+            return torch.softmax(x / -0.7, -1).argmax(-1)
+
+        report = self.check_not_rewritten(f, torch.randn(6, 6))
+        self.assertTrue(any("temperature factor -1.428" in r.reason and "not positive" in r.reason for r in report.refusals), str(report))
+
     def test_signed_temperature_forms_with_one_piece_off_are_not_rewritten(self):
         """Inductor's where form for softmax(x / t), spelled by hand (make_fx keeps it as written) with one
         piece off: the sign of another tensor or of t - 1, the divisor, the scaled branch or the signed

@@ -148,6 +148,8 @@ def _inductor_temperature_form(z: Node, dim: int) -> tuple[Node, float]:
         base1, _, f1 = peel_logits(s1)
         base2, _, f2 = peel_logits(s2)
         if base1 is not base2 or c1 * f1 != c2 * f2:
+            if (step := as_scale(base2)) is not None and isinstance(step[1], float) and not step[1] > 0:
+                raise Refuse(f"temperature factor {step[1]} is not positive (Inductor's form for it is not matched here)")
             raise Refuse(f"{z.name}: the two branches of the where scale the logits differently ({c1 * f1} and {c2 * f2})")
     if not _is_all_finite(mask, s2, dim):
         raise Refuse(f"{z.name}: the where's condition is not Inductor's all-finite test of {s2.name}")
