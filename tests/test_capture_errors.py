@@ -7,9 +7,12 @@ runs, so these tests cost a Dynamo trace each; the ones that need a first compil
 
 from __future__ import annotations
 
+import logging
 import os
 import pickle
 import pathlib
+import unittest.mock
+import warnings
 
 import pytest
 import torch
@@ -118,6 +121,43 @@ def test_the_messages_of_torch_check_and_of_a_formatted_object_are_quoted():
     assert error.where == _line("described") and "Variable" not in error.cause
     if torch.__version__ >= "2.13":
         assert "the draft raises ValueError('<Linear> takes [batch, hidden]') for" in error.cause, error.cause
+
+
+_LOG = logging.getLogger("tests.draft")
+
+
+def _printing(hidden):
+    picked = torch.softmax(hidden, -1).topk(1, -1)
+    print("drafted", picked.indices)  # <- print
+    return picked
+
+
+def _warning(hidden):
+    picked = torch.softmax(hidden, -1).topk(1, -1)
+    warnings.warn("drafted")  # <- warn
+    return picked
+
+
+def _logging(hidden):
+    picked = torch.softmax(hidden, -1).topk(1, -1)
+    _LOG.debug("drafted %s", "rows")  # <- log
+    return picked
+
+
+def test_print_warnings_and_logging_in_a_draft_get_a_fix_that_works():
+    """The fix offered allow_in_graph or a custom op (helper-67). print and warnings.warn work when registered
+    as reorderable logging functions (checked here); a logging.Logger method does not, so it must move out."""
+    for draft, marker in ((_printing, "print"), (_warning, "warn")):
+        error = _raises(GraphBreakError, draft_loop(draft), torch.randn(2, 8))
+        assert error.where == _line(marker) and "reorderable_logging_functions" in error.fix, error
+    error = _raises(GraphBreakError, draft_loop(_logging), torch.randn(2, 8))
+    assert error.where == _line("log") and "move the logging out of the draft" in error.fix, error
+    with unittest.mock.patch.object(torch._dynamo.config, "reorderable_logging_functions", {print, warnings.warn}):
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            for draft in (_printing, _warning):
+                torch._dynamo.reset()
+                assert draft_loop(draft)(torch.randn(2, 8)).indices.shape == (2, 1)
 
 
 class _StepsError(KeyError):  # a draft's own exception class (KeyError's str is a repr: not the error's)

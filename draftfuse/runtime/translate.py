@@ -97,8 +97,18 @@ def _classify(title: str, explanation: str, where: str, first_host_read: str = "
             cause += f" (the data-dependent value comes from {first_host_read})"
         fix = DATA_DEPENDENT_FIX if re.search(r"data.dependent|unique|nonzero|tolist|dynamic shape|input data", text, re.I) else HOST_SYNC_FIX
         return HostSyncError(cause, where=first_host_read or where, fix=fix)
-    fix = "move this call out of the draft (before or after it), or make it traceable: torch.compiler.allow_in_graph, or a torch.library custom op"
+    if _LOGGER.search(text):
+        fix = "move the logging out of the draft (log what it returns, after the call): Dynamo traces no logging.Logger method"
+    elif _PRINT_OR_WARN.search(text):
+        fix = ("move the call out of the draft, or add the function to torch._dynamo.config.reorderable_logging_functions "
+               "(Dynamo then calls it after the graph, with the values it was given)")
+    else:
+        fix = "move this call out of the draft (before or after it), or make it traceable: torch.compiler.allow_in_graph, or a torch.library custom op"
     return GraphBreakError(f"graph break: {title}" + (f" ({explanation})" if explanation else ""), where=where, fix=fix)
+
+
+_LOGGER = re.compile(r"logging\.Logger method")
+_PRINT_OR_WARN = re.compile(r"`(_warnings\.warn|builtins\.print|print)`|builtin print")
 
 
 def _skip_error(text: str) -> CudagraphSkipError:
