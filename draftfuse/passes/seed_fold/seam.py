@@ -88,8 +88,8 @@ def mark_seam_undoable(values: Any, facts: str = "{}") -> tuple[Any, list]:
     Only where Dynamo traces it: run eagerly (under a force_eager stance, say) it returns `values` as
     they are. Lists and dicts (and subclasses storing entries as they do) keep their identity (the loop
     may append to the caller's list): their entries are replaced in place, and unmark_seam puts the
-    seed's objects back after the loop, where the loop left them. Tuples
-    are rebuilt; a tensor met twice is marked once, so `a is b` holds in the trace as in eager.
+    seed's objects back after the loop, where the loop left them. Tuples are rebuilt; a tensor met
+    twice is marked once, so `a is b` holds in the trace as in eager.
 
     Dynamo traces this inside the folded draft, and every call of the draft checks the guards the trace
     left: plain tensors, tuples (namedtuples too), lists and dicts are walked here, which leaves none

@@ -5,8 +5,9 @@ casts, scales by a constant or a tensor, and the walk back through them (`peel_s
 The walk goes back from the softmax's input to the logits by exact upcasts, positive constant scales
 and one tensor temperature constant along the softmax dim (the order is then that of x * sign(1 / t)).
 It stops, and the selection reads the value there as computed (exact, only more bytes), at anything
-else: a downcast, a negative factor, an integer product (it wraps around), a second tensor or one that varies along the dim, or a step the
-caller's write test refuses (match.py: a value written in place before the softmax).
+else: a downcast, a negative factor, an integer product (it wraps around), a second tensor or one that
+varies along the dim, or a step the caller's write test refuses (match.py: a value written in place
+before the softmax).
 """
 
 from __future__ import annotations
@@ -133,8 +134,8 @@ def peel_scaled_logits(
     softmax dim) is given and t is constant along it: the selection then follows the sign of t.
 
     The walk stops at the first node it cannot look through, which the selection then reads as computed
-    (exact, only more bytes than the logits): a downcast, a non-positive factor, an integer product, a second tensor or one
-    that varies along the dim, or a step `may_peel(node)` refuses (a write in place)."""
+    (exact, only more bytes than the logits): a downcast, a non-positive factor, an integer product, a
+    second tensor or one that varies along the dim, or a step `may_peel(node)` refuses (a write in place)."""
     node, peeled, factor, tensor = scores, [], 1.0, None
     while True:
         cast = as_cast(node)
