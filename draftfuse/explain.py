@@ -33,10 +33,8 @@ from typing import Any
 
 import torch
 
-from draftfuse.options import Options
 from draftfuse.runtime import checks
-from draftfuse.runtime.draft_loop import DraftLoop
-from draftfuse.runtime.fold import FoldedDraft
+from draftfuse.runtime.fold import as_compiled
 from draftfuse.runtime.tracing import _Captured, trace_as_draft_loop, trace_before_break
 from draftfuse.runtime.errors import DraftCaptureError
 from draftfuse.runtime.pipeline import Prepared, prepare
@@ -106,7 +104,7 @@ def explain(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Explanation:
     """Trace `fn(*args, **kwargs)`, run draftfuse's passes and capture checks on its graphs, and report
     (see the module docstring)."""
     name = _describe_function(fn)
-    fn, options, dynamic, args = _as_compiled(fn, args)
+    fn, options, dynamic, args = as_compiled(fn, args)
     graphs: list[GraphExplanation] = []
 
     def probe(gm: torch.fx.GraphModule, example_inputs: list[Any]) -> Any:
@@ -122,17 +120,6 @@ def explain(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Explanation:
             trace_before_break(fn, dynamic, args, kwargs, probe)
         return Explanation(name, graphs, [error])
     return Explanation(name, graphs, [])
-
-
-def _as_compiled(fn: Callable[..., Any], args: tuple) -> tuple[Callable[..., Any], Options, bool | None, tuple]:
-    """What a draft_loop or fold compiles for `fn` (the function, its options and dynamic setting) and the
-    arguments it is called with (a method's draft puts its instance first); the default options and
-    static shapes for a plain function."""
-    if isinstance(fn, FoldedDraft):
-        fn = fn.draft
-    if isinstance(fn, DraftLoop):
-        return fn._fn, fn._options, fn._dynamic, args if fn._instance is None else (fn._instance, *args)
-    return fn, Options(), False, args
 
 
 def _describe_function(fn: Callable[..., Any]) -> str:

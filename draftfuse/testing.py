@@ -22,7 +22,8 @@ your arguments, to compare with `fn`'s (where an output is an input the draft wr
 shows the value after the write). Random ops stay ATen ops in `post_grad`, as with Inductor's
 `fallback_random`.
 The draft runs once (its in-place writes happen, as in any call); `options` are draftfuse's options
-(the backend's keys). Shapes and ints are static unless marked dynamic (torch._dynamo.mark_dynamic):
+(the backend's keys); for a `draft_loop` or `fold` draft they default to the draft's own, and its
+function is traced (graph inputs named after its parameters). Shapes and ints are static unless marked dynamic (torch._dynamo.mark_dynamic):
 a graph does not depend on the arguments of an earlier call.
 """
 
@@ -37,6 +38,7 @@ from torch._dynamo.testing import normalize_gm
 
 from draftfuse.options import Options
 from draftfuse.passes.report import PassReport
+from draftfuse.runtime.fold import as_compiled
 from draftfuse.runtime.tracing import own_code
 from draftfuse.runtime.pipeline import post_grad_pass, prepare
 
@@ -61,7 +63,8 @@ def graph_text(gm: torch.fx.GraphModule) -> str:
 
 def draft_graphs(fn: Callable[..., Any], *args: Any, options: dict[str, Any] | None = None, **kwargs: Any) -> DraftGraphs:
     """Trace `fn(*args, **kwargs)` and run draftfuse's passes on it (see the module docstring)."""
-    parsed = Options.parse(None, options)
+    fn, own, _, args = as_compiled(fn, args)  # a draft_loop or fold: its function, under its options
+    parsed = own if options is None else Options.parse(None, options)
     found: dict[str, Any] = {}
 
     def backend(gm: torch.fx.GraphModule, example_inputs: list[Any]) -> Callable[..., Any]:

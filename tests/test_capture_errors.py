@@ -160,6 +160,25 @@ def test_print_warnings_and_logging_in_a_draft_get_a_fix_that_works():
                 assert draft_loop(draft)(torch.randn(2, 8)).indices.shape == (2, 1)
 
 
+class _CodedError(ValueError):
+    def __init__(self, code, message):
+        super().__init__(message)  # <- super init
+        self.code = code
+
+
+def _raises_coded(hidden, steps: int = 3):
+    if steps < 1:
+        raise _CodedError(7, "steps must be >= 1")
+    return torch.softmax(hidden, -1).topk(1, -1)
+
+
+def test_an_exception_class_dynamo_cannot_make_gets_a_fix_for_it():
+    """An exception class whose __init__ calls super().__init__ is one Dynamo cannot make: the error pointed
+    at that line with "move this call out of the draft" (helper-67); the fix now says what to change."""
+    error = _raises(GraphBreakError, draft_loop(_raises_coded), torch.randn(2, 8), steps=0)
+    assert error.where == _line("super init") and "no __init__ of its own that calls super().__init__" in error.fix, error
+
+
 class _StepsError(KeyError):  # a draft's own exception class (KeyError's str is a repr: not the error's)
     pass
 

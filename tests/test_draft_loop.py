@@ -18,6 +18,7 @@ from torch._dynamo.utils import counters
 
 from tests._tiny_draft import draft, make_inputs
 from draftfuse.runtime.draft_loop import DraftLoop, draft_loop
+from draftfuse.runtime.errors import RecompileError
 
 
 @pytest.fixture(scope="module")
@@ -69,6 +70,25 @@ def test_kv_cache_made_static(compiled_draft):
 def test_each_call_is_a_profiler_span(compiled_draft):
     names = [event.name for event in compiled_draft["profile"].events()]
     assert names.count("draftfuse.draft:draft") == 1
+
+
+def test_a_module_draft_is_named_after_its_class():
+    """draft_loop(module) was named Module._wrapped_call_impl in its profiler span, CPU warning and
+    RecompileError (helper-68's README audit)."""
+
+    class Drafter(torch.nn.Module):
+        def forward(self, x):
+            return torch.softmax(x, -1).topk(1, -1)
+
+    draft = draft_loop(Drafter(), max_compiles=1)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as profile:
+            draft(torch.randn(2, 8))
+    assert [e.name for e in profile.events()].count("draftfuse.draft:Drafter") == 1
+    assert any("'Drafter'" in str(w.message) or "Drafter" in str(w.message) for w in caught), [str(w.message) for w in caught]
+    with pytest.raises(RecompileError, match="draft 'Drafter' needs compile number 2"):
+        draft(torch.randn(3, 8))
 
 
 def test_cpu_warns_once(compiled_draft):

@@ -161,6 +161,19 @@ def test_explain_of_a_draft_loop_or_fold_uses_its_own_options_and_seam():
     assert "draftfuse/passes" not in text  # the marker has no user line: none is shown, not draftfuse's own
 
 
+def test_draft_graphs_of_a_draft_loop_uses_its_options_and_parameter_names():
+    """draftfuse.testing.draft_graphs(draft) traced the DraftLoop's call: its inputs were L_args_0_ and its
+    options the defaults (probs="ones" drafts showed exact probabilities; helper-68's README audit)."""
+    from draftfuse.testing import draft_graphs
+
+    logits = torch.randn(2, 8)
+    plain = draft_graphs(_select, logits)
+    ones = draft_graphs(draft_loop(_select, options={"probs": "ones"}), logits)
+    assert "L_logits_" in ones.before and "L_args_" not in ones.before
+    assert "probabilities 1" in ones.report and "probabilities 1" not in plain.report, ones.report
+    assert "probabilities 1" not in draft_graphs(draft_loop(_select, options={"probs": "ones"}), logits, options={}).report
+
+
 def _reads_a_length_each_step(logits, lengths):
     out = []
     for _ in range(3):

@@ -102,7 +102,10 @@ class DraftLoop(AsMethod):
         # for instances without __dict__, by identity (not by their __eq__: equal workers are distinct); held
         # for good, the instance with them (its draft refers to it)
         self._bound: dict[int, DraftLoop] = {}
-        self._span = f"draftfuse.draft:{getattr(fn, '__qualname__', repr(fn))}"
+        module_call = isinstance(instance, torch.nn.Module) and fn is getattr(type(instance), "__call__", None)
+        # the name in spans, warnings and errors: a module draft's is its class's (not Module._wrapped_call_impl)
+        self._name = type(instance).__name__ if module_call else getattr(fn, "__qualname__", repr(fn))
+        self._span = f"draftfuse.draft:{self._name}"
         self._code_fn = own_code(fn)  # Dynamo's cache for this draft lives on this copy's code
         self._compiled = torch.compile(self._code_fn, fullgraph=True, dynamic=dynamic, backend=_weak_backend(self))
         code = getattr(self._code_fn, "__code__", None)
@@ -119,7 +122,6 @@ class DraftLoop(AsMethod):
         self._current_call: tuple[tuple, dict] | None = None
         self._warned_cpu = self._warn_cpu = False
         # a module's call traces its hooks, which no guard holds: watched here (hooks.py)
-        module_call = isinstance(instance, torch.nn.Module) and fn is getattr(type(instance), "__call__", None)
         self._hooks = HookWatch(instance) if module_call else None
 
     def __deepcopy__(self, memo: dict) -> DraftLoop:
@@ -182,7 +184,7 @@ class DraftLoop(AsMethod):
 
     def _compile_anew(self, why: str) -> None:
         """Drop the draft's compiled code and recordings: its next call compiles, and counts against max_compiles."""
-        log.info("draftfuse: %s since %r was compiled: compiling it anew", why, self.__qualname__)
+        log.info("draftfuse: %s since %r was compiled: compiling it anew", why, self._name)
         self._replays, self._anew = [], why
         if (code := getattr(self._code_fn, "__code__", None)) is not None:
             _eval_frame.reset_code(code)
@@ -222,7 +224,7 @@ class DraftLoop(AsMethod):
             self._current_call = None
         if self._warn_cpu:
             self._warn_cpu = False
-            warnings.warn(_CPU_WARNING.format(name=getattr(self._fn, "__qualname__", "")), stacklevel=user_frame()[1])
+            warnings.warn(_CPU_WARNING.format(name=self._name), stacklevel=user_frame()[1])
         # The outputs are the caller's already, wherever Dynamo's code put them (returned, in an object, in an
         # attribute): the recorder hands out outputs of their own to a call through Dynamo (zero_copy_outputs:
         # the recording's), and a region run plainly (its first call, or off CUDA) makes new ones.
@@ -345,7 +347,7 @@ class DraftLoop(AsMethod):
         change = checks.describe_change(self._signatures[-1], signature) if self._signatures else ""
         guard = checks.last_guard_failure(getattr(self._code_fn, "__code__", None))
         raise RecompileError(
-            f"draft {getattr(self._fn, '__qualname__', '')!r} needs compile number {len(self._signatures) + 1} "
+            f"draft {self._name!r} needs compile number {len(self._signatures) + 1} "
             f"(max_compiles={self._max_compiles}): "
             + (f"what changed since the last compile: {change}" if change else "no argument changed as a whole")
             + (f" ({anew})" if anew else f" (Dynamo: guard failed: {guard})" if guard else ""),
@@ -457,9 +459,10 @@ def draft_loop(
         checked here, at decoration.
     zero_copy_outputs: return the CUDA graph's own output tensors, overwritten by the next call.
     dynamic: torch.compile's `dynamic`; False (default) compiles one graph per input shape, which is
-        what CUDA graphs want; True allows symbolic shapes: one compile serves every size, its CUDA
-        graph is recorded for one size at a time (a call of other sizes runs the region without it
-        and records again for them), which suits sizes that change now and then, not every call.
+        what CUDA graphs want; True allows symbolic shapes: one compile serves every size of 2 or more
+        (torch specialises a size of 1: a compile of its own), every call goes through Dynamo (no fast
+        replay), and its CUDA graph is recorded for one size at a time (a call of other sizes runs the
+        region without it and records again for them), which suits sizes that change now and then.
         None (torch's automatic dynamic shapes) is refused: its second size would raise, and torch keeps
         its record of sizes seen per source line, so one worker's sizes would make another's first
         call dynamic.

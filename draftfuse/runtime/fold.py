@@ -52,6 +52,7 @@ from typing import Any
 
 import torch
 
+from draftfuse.options import Options
 from draftfuse.passes.seed_fold.seam import mark_seam_undoable, seam_facts, unmark_seam
 from draftfuse.runtime.draft_loop import DraftLoop, draft_loop
 from draftfuse.runtime.translate import FOLD_LOOP_CALL
@@ -238,3 +239,14 @@ def fold(
 def _seed_then_loop(seed: Callable[..., Any], loop: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
     carried = seed(*args, **kwargs)
     return loop(*carried) if isinstance(carried, tuple) else loop(carried)
+
+
+def as_compiled(fn: Callable[..., Any], args: tuple) -> tuple[Callable[..., Any], Options, bool | None, tuple]:
+    """What a draft_loop or fold compiles for `fn` (the function, its options and dynamic setting) and the
+    arguments it is called with (a method's draft puts its instance first); the default options and
+    static shapes for a plain function. explain and draftfuse.testing trace drafts through it."""
+    if isinstance(fn, FoldedDraft):
+        fn = fn.draft
+    if isinstance(fn, DraftLoop):
+        return fn._fn, fn._options, fn._dynamic, args if fn._instance is None else (fn._instance, *args)
+    return fn, Options(), False, args

@@ -99,6 +99,9 @@ def _classify(title: str, explanation: str, where: str, first_host_read: str = "
         return HostSyncError(cause, where=first_host_read or where, fix=fix)
     if _LOGGER.search(text):
         fix = "move the logging out of the draft (log what it returns, after the call): Dynamo traces no logging.Logger method"
+    elif "super().__init__" in text:  # most often an exception class of the draft's, being raised
+        fix = ("give the class no __init__ of its own that calls super().__init__(...) (an exception class: set its "
+               "attributes after making it), or make the object outside the draft")
     elif _PRINT_OR_WARN.search(text):
         fix = ("move the call out of the draft, or add the function to torch._dynamo.config.reorderable_logging_functions "
                "(Dynamo then calls it after the graph, with the values it was given)")
