@@ -136,8 +136,8 @@ _STORES_AS_BUILTINS = (list.__setitem__, dict.__setitem__, collections.OrderedDi
 
 def _walk(value: Any, tensors: list[torch.Tensor]) -> bool:
     """Appends the tensors in `value` to `tensors` (each object once), walking tuples, namedtuples, lists
-    and dicts (and their subclasses that store entries as they do); False where it meets another container
-    (a tuple subclass, a deque, a class registered with pytree: pytree's)."""
+    and dicts (and their subclasses that store entries as they do); False where it meets another tuple, list
+    or dict subclass (pytree's, which rebuilds them). Other objects (a deque, a dataclass) are values."""
     kind = type(value)
     # the namedtuple test is written out here and in _rebuild, not shared: Dynamo traces both, and a helper
     # function is one more global, so one more guard on every replayed call of a folded draft. A list or dict
