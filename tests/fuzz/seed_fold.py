@@ -28,10 +28,31 @@ What is generated (`generate(chooser)` -> `SeedFoldProgram`: source text of `see
              in between; the same random draw again (two draws, never one); fresh expressions
   value_ranges   only true facts about the inputs as generated ({"seq_lens": (1, None)}, upper bounds
              that hold, {"pos": (0, None)}); a write after the seam may break them for the written value
+  containers (generated last, so a program without one is the program the same choices gave before;
+             tagged "container:<kind>", "container:<operation>", "container:mutated", ...)
+             the seed returns some of its carried values inside a container: a tuple, a namedtuple, a
+             list, a dict, an OrderedDict, a defaultdict(list), a list inside a dict ("nested"); built by
+             the seed, or the CALLER's own (an argument `state` holding tensors of its own, sometimes one
+             of the tensor arguments too; the seed puts its values in by setitem/update/append/insert,
+             sometimes over the caller's entries), sometimes one tensor under two keys, sometimes the
+             container alone (fold then calls loop(container)). The loop reads the carried values out of
+             it, then sometimes mutates it before its steps, in each step or after them: append,
+             insert(0, x), pop(), pop(0), pop(key), popitem(), del, d[k] = new value (a step's result, a
+             carried value, an entry + 1), setdefault (a new key or an existing one), update, extend,
+             clear then refill, an entry reassigned to another entry's value, an entry written in place,
+             move_to_end, a defaultdict's missing key appended to; reads entries again afterwards and
+             sometimes returns the container. Containers that reach the loop as copies (deque, classes
+             registered with pytree: documented in README) are not generated
 
-The oracles compare with eager `loop(*seed(**kwargs))` on identical cloned inputs (aliases rebuilt as
-views of the cloned pool) with the same torch.manual_seed before both runs: outputs exactly equal,
-inputs' final contents equal.
+The oracles compare with eager `loop(*seed(**kwargs))` (`loop(seed(...))` for a seed that returns no
+tuple, as fold calls it) on identical cloned inputs (aliases rebuilt as views of the cloned pool, the
+caller's containers rebuilt around the clones) with the same torch.manual_seed before both runs: outputs
+exactly equal, inputs' final contents equal, the caller's containers after the call alike (same type,
+same keys in the same order or same length, tensor values equal), the outputs' containers alike, and an
+output that is the caller's container in eager is the caller's object. The pass and pipeline levels
+compose seed and loop as fold does (mark_seam_undoable, the loop, unmark_seam); a traced draft that
+raises in draftfuse's own code (Dynamo's "Observed exception" at a draftfuse line) where eager runs is a
+failure ("traced draft raises"), not a capture limit.
 
   * check_pass: the composition captured as one Dynamo graph (seed, seam marker with the facts, loop,
     as fold() composes them), `fold_seed` on it, the folded graph run by Dynamo's guarded code.
@@ -282,17 +303,25 @@ class SeedFoldProgram:
     random: bool  # the program draws random numbers
     tags: tuple[str, ...]
     rng_seed: int = 1234
+    # containers the caller passes: (argument, kind, entries); kind "list", "dict", "OrderedDict" or
+    # "defaultdict" (of list); entries [(key or None for a list, ref)], ref the name of a tensor in
+    # `tensors` (or of another argument: the same tensor) or a list of such names (a list inside a dict).
+    # A name met twice is one tensor under two keys.
+    containers: list = dataclasses.field(default_factory=list)
 
     def functions(self) -> tuple[Callable, Callable]:
         namespace: dict[str, Any] = {"torch": torch}
         exec(compile(self.source, "<fuzz:seed_fold>", "exec"), namespace)
         return namespace["seed"], namespace["loop"]
 
-    def kwargs(self) -> dict[str, torch.Tensor]:
-        """Fresh clones of the inputs, views rebuilt on the cloned bases."""
+    def kwargs(self) -> dict[str, Any]:
+        """Fresh clones of the inputs, views rebuilt on the cloned bases, the caller's containers
+        rebuilt around the cloned tensors (a tensor named twice is one clone)."""
         out = {name: t.clone() for name, t in self.tensors}
         for name, base, index in self.views:
             out[name] = eval(f"base[{index}]", {"base": out[base]})
+        for name, kind, entries in self.containers:
+            out[name] = _build_container(kind, entries, out)
         return {p: out[p] for p in self.params}
 
     def reproducer(self, oracle: str = "pass") -> str:
@@ -301,7 +330,7 @@ class SeedFoldProgram:
         lines.append("    source=SOURCE,")
         lines.append("    tensors=[" + ", ".join(f"({n!r}, {literal(t)})" for n, t in self.tensors) + "],")
         lines.append(f"    views={self.views!r}, params={self.params!r}, value_ranges={self.value_ranges!r},")
-        lines.append(f"    random={self.random!r}, tags={self.tags!r})")
+        lines.append(f"    random={self.random!r}, tags={self.tags!r}, containers={self.containers!r})")
         lines.append(f"seed_fold.check_{oracle}(program)")
         return "\n".join(lines)
 
@@ -314,7 +343,7 @@ def source_of(*fns: Callable) -> str:
 
 # Hazard families that can be switched off (DRAFTFUSE_FUZZ_DISABLE=binomial,einsum,... or the argument),
 # to look for failures beyond the classes already known. Default: everything on.
-FEATURES = ("binomial", "einsum", "foreach", "alias", "write_inputs", "int32", "uint8", "buffer", "random", "view", "ranges")
+FEATURES = ("binomial", "einsum", "foreach", "alias", "write_inputs", "int32", "uint8", "buffer", "random", "view", "ranges", "containers")
 
 
 def _disabled_from_env() -> frozenset[str]:
@@ -427,7 +456,6 @@ def generate(c: Chooser, disabled: frozenset[str] | None = None) -> SeedFoldProg
     carry = carry_inputs + [n for n, _ in exprs if c.flag(0.7)] + [n for n, _ in draws] + buffers
     if random_ops:
         carry += ["count", "prob"] + (["seq_lens"] if "seq_lens" not in carry else [])
-    seed_lines.append(f"return ({', '.join(carry)},)")
     loop_names = {n: f"c_{n}" for n in carry}
     loop_aliases = {loop_names[n]: loop_names.get(a, a) for n, a in scope.aliases.items() if n in loop_names}
     loop_scope = _Scope({loop_names[n]: scope.dtypes.get(n, torch.float32) for n in carry}, {loop_names[n] for n in carry if n in scope.scalars}, {loop_names[n] for n in carry if n == "pool"}, loop_aliases)
@@ -468,20 +496,36 @@ def generate(c: Chooser, disabled: frozenset[str] | None = None) -> SeedFoldProg
         body.insert(0, _write(c, loop_scope, tags, "loop", writable, disabled))
     if writable and write_where in ("after", "both"):
         body.append(_write(c, loop_scope, tags, "loop", writable, disabled))
-    loop_lines.append("outs = []")
-    loop_lines.append(f"for step in range({steps}):")
-    loop_lines += [f"    {line}" for line in body]
-    loop_lines.append(f"    outs += [{', '.join(results)}]")
     returned = [loop_names[n] for n in carry if n in carry_inputs and c.flag(0.3)]
     # the seed's draws reach the outputs: an unused draw is dead code that torch.compile drops (its
     # place in the random stream with it), with or without draftfuse
     returned += [loop_names[n] for n, _ in draws]
+    # containers: drawn after everything above, so a program without one is what it was before
+    box = None
+    if "containers" not in disabled and c.flag(0.4):
+        box = _container_hazard(c, carry, loop_names, params, tensors, steps, results, batch, tags)
+    prelude, containers = "", []
+    if box is None:
+        seed_lines.append(f"return ({', '.join(carry)},)")
+        loop_params = [loop_names[n] for n in carry]
+    else:
+        seed_lines += box.seed_lines
+        loop_params, params, containers, prelude = box.loop_params, box.params, box.containers, box.prelude
+        loop_lines += box.head
+        body += box.inside
+        returned += box.returned
+    loop_lines.append("outs = []")
+    loop_lines.append(f"for step in range({steps}):")
+    loop_lines += [f"    {line}" for line in body]
+    loop_lines.append(f"    outs += [{', '.join(results)}]")
+    if box is not None:
+        loop_lines += box.tail
     loop_lines.append(f"return (*outs, {''.join(r + ', ' for r in returned)})")
-    source = f"B = {batch}\n\n\ndef seed({', '.join(params)}):\n" + "".join(f"    {line}\n" for line in seed_lines)
-    source += f"\n\ndef loop({', '.join(loop_names[n] for n in carry)}):\n" + "".join(f"    {line}\n" for line in loop_lines)
+    source = prelude + f"B = {batch}\n\n\ndef seed({', '.join(params)}):\n" + "".join(f"    {line}\n" for line in seed_lines)
+    source += f"\n\ndef loop({', '.join(loop_params)}):\n" + "".join(f"    {line}\n" for line in loop_lines)
     if value_ranges:
         tags.append("value_ranges declared")
-    return SeedFoldProgram(source, tensors, views, params, value_ranges, random_ops, tuple(dict.fromkeys(tags)))
+    return SeedFoldProgram(source, tensors, views, params, value_ranges, random_ops, tuple(dict.fromkeys(tags)), containers=containers)
 
 
 def _replace_name(text: str, old: str, new: str) -> str:
@@ -548,6 +592,443 @@ def _write(c: Chooser, scope: _Scope, tags: list[str], side: str, targets: list[
 
 
 # --------------------------------------------------------------------------------------------------
+# Containers: the seed returns (some of) its carried values inside one; the loop reads and mutates it.
+
+
+def _build_container(kind: str, entries: list, env: dict[str, Any]) -> Any:
+    import collections
+
+    def value(ref):
+        return [env[r] for r in ref] if isinstance(ref, list) else env[ref]
+
+    if kind == "list":
+        return [value(ref) for _, ref in entries]
+    pairs = [(key, value(ref)) for key, ref in entries]
+    if kind == "dict":
+        return dict(pairs)
+    if kind == "OrderedDict":
+        return collections.OrderedDict(pairs)
+    if kind == "defaultdict":
+        return collections.defaultdict(list, pairs)
+    raise ValueError(kind)
+
+
+class _Invalid(Exception):
+    """A container operation that Python would refuse (eager raises) in the container's state then."""
+
+
+@dataclasses.dataclass
+class _Model:
+    """What a container holds while the program is generated: a tensor entry is a name (what it is), a
+    list inside a dict a _Model. A list's items are its entries; a dict's are [key, entry] pairs in order."""
+
+    kind: str  # "list" or "dict"
+    items: list
+    flavor: str = "list"  # list, tuple, namedtuple, dict, OrderedDict, defaultdict
+
+    def keys(self) -> list:
+        return list(range(len(self.items))) if self.kind == "list" else [k for k, _ in self.items]
+
+    def tensor_keys(self) -> list:
+        return [k for k in self.keys() if isinstance(self.get(k), str)]
+
+    def get(self, key):
+        if self.kind == "list":
+            if not isinstance(key, int) or not -len(self.items) <= key < len(self.items):
+                raise _Invalid(key)
+            return self.items[key]
+        for k, v in self.items:
+            if k == key:
+                return v
+        raise _Invalid(key)
+
+    def set(self, key, entry) -> None:
+        if self.kind == "list":
+            self.get(key)
+            self.items[key] = entry
+            return
+        for pair in self.items:
+            if pair[0] == key:
+                pair[1] = entry
+                return
+        self.items.append([key, entry])
+
+    def remove(self, key):
+        entry = self.get(key)
+        if self.kind == "list":
+            del self.items[key]
+        else:
+            self.items = [p for p in self.items if p[0] != key]
+        return entry
+
+    def inner(self) -> _Model | None:
+        """The list under "lens" (a nested container), if it is still there."""
+        found = next((v for k, v in self.items if k == "lens"), None) if self.kind == "dict" else None
+        return found if isinstance(found, _Model) else None
+
+    def locate(self, name: str, target: str, fields: list[str] | None = None) -> str | None:
+        """An access that reads the entry `name` (the first place it is), or None."""
+        for key in self.keys():
+            entry = self.get(key)
+            if entry == name:
+                if fields is not None and key % 2 == 0:  # a namedtuple: by field or by index
+                    return f"{target}.{fields[key]}"
+                return _access(target, self, key)
+            if isinstance(entry, _Model):
+                found = entry.locate(name, _access(target, self, key))
+                if found:
+                    return found
+        return None
+
+
+def _access(target: str, model: _Model, key) -> str:
+    return f"{target}[{key}]" if model.kind == "list" else f'{target}["{key}"]'
+
+
+@dataclasses.dataclass
+class _Box:
+    seed_lines: list[str]  # the seed's writes into the container and its return
+    loop_params: list[str]
+    params: list[str]
+    containers: list
+    prelude: str  # module-level source (import collections, a namedtuple class)
+    head: list[str]  # the loop's reads of the carried values (and mutations) before its steps
+    inside: list[str]  # in every step, after the step's computations
+    tail: list[str]  # after the steps
+    returned: list[str]  # the loop's extra outputs (entries read, values popped, the container)
+
+
+_CONSTRUCTORS = {"dict": "dict", "OrderedDict": "collections.OrderedDict", "defaultdict": "collections.defaultdict"}
+
+
+def _container_hazard(c: Chooser, carry: list[str], loop_names: dict[str, str], params: list[str], tensors: list,
+                      steps: int, results: list[str], batch: int, tags: list[str]) -> _Box:
+    """The seed packs some of `carry` into a container (built by the seed as `box`, or the caller's own,
+    passed as the argument `state` holding tensors of its own); the loop reads the carried values out of
+    it, then may mutate it (before its steps, in each step, after them) and read it again. Containers
+    that reach the loop as copies (deque, pytree-registered classes: documented) are not generated."""
+    import copy
+
+    caller = c.flag(0.4)
+    kind = c.pick(["list", "dict", "OrderedDict", "defaultdict", "nested"] if caller else
+                  ["tuple", "namedtuple", "list", "list", "dict", "dict", "OrderedDict", "defaultdict", "nested"])
+    tags.append(f"container:{kind}")
+    order = [carry[i] for i in c.permutation(len(carry))]
+    packed = order[:c.integer(0 if caller else 1, min(4, len(carry)))]
+    shared = c.flag(0.25)  # one tensor under two keys
+    name = "state" if caller else "box"
+    target = f"c_{name}"
+    seed_lines: list[str] = []
+    containers: list = []
+    prelude = ""
+    fields: list[str] | None = None
+    new_params = list(params)
+    added: list[tuple[str, torch.Tensor]] = []
+
+    if caller:
+        tags.append("container:caller")
+        own = [f"{name}_{i}" for i in range(c.integer(1, 2))]
+        added = [(o, torch.tensor([c.integer(0, 9) for _ in range(batch)])) for o in own]
+        refs: list[str] = list(own)
+        if c.flag(0.2):  # the caller's container holds one of its tensor arguments too (the same tensor)
+            refs.append(c.pick([p for p in params if p not in ("count", "prob")]))
+            tags.append("container:holds an argument")
+        if shared:
+            refs.append(refs[0])
+        if kind == "nested":
+            inner = refs[:c.integer(1, len(refs))]
+            entries = [("lens", inner)] + [(f"h{i}", r) for i, r in enumerate(refs[len(inner):])]
+            model = _Model("dict", [["lens", _Model("list", list(inner))]] + [[k, r] for k, r in entries[1:]], "dict")
+        elif kind == "list":
+            entries = [(None, r) for r in refs]
+            model = _Model("list", list(refs))
+        else:
+            entries = [(f"h{i}", r) for i, r in enumerate(refs)]
+            model = _Model("dict", [[k, r] for k, r in entries], kind)
+        containers.append((name, "dict" if kind == "nested" else kind, entries))
+        new_params.insert(c.integer(0, len(new_params)), name)
+        # the seed puts the packed values into the caller's container
+        for n in packed + ([c.pick(packed)] if shared and packed else []):
+            inner_model = model.inner()
+            if model.kind == "list":
+                how = c.pick(["append", "append", "insert", "set", "iadd"])
+                if how == "set":
+                    i = c.integer(0, len(model.items) - 1)
+                    seed_lines.append(f"{name}[{i}] = {n}")
+                    model.items[i] = n
+                    tags.append("container:seed replaces the caller's entry")
+                elif how == "insert":
+                    seed_lines.append(f"{name}.insert(0, {n})")
+                    model.items.insert(0, n)
+                else:
+                    seed_lines.append(f"{name}.append({n})" if how == "append" else f"{name} += [{n}]")
+                    model.items.append(n)
+            elif inner_model is not None and c.flag(0.5):
+                seed_lines.append(f'{name}["lens"].append({n})')
+                inner_model.items.append(n)
+            else:
+                keys = model.tensor_keys()
+                key = c.pick(keys) if keys and c.flag(0.2) else n if n not in model.keys() else f"{n}_2"
+                if key in model.keys():
+                    tags.append("container:seed replaces the caller's entry")
+                seed_lines.append(f"{name}.update({key}={n})" if c.flag(0.2) else f'{name}["{key}"] = {n}')
+                model.set(key, n)
+    else:
+        items = packed + ([c.pick(packed)] if shared else [])
+        fields = []
+        for n in items:
+            fields.append(n if n not in fields else f"{n}_again")
+        if kind in ("tuple", "list"):
+            seed_lines.append(f"{name} = ({', '.join(items)},)" if kind == "tuple" else f"{name} = [{', '.join(items)}]")
+            model = _Model("list", list(items), kind)
+        elif kind == "namedtuple":
+            prelude = f"import collections\n\nCarry = collections.namedtuple('Carry', {fields!r})\n\n"
+            seed_lines.append(f"{name} = Carry({', '.join(items)})" if c.flag(0.5) else f"{name} = Carry({', '.join(f'{f}={n}' for f, n in zip(fields, items))})")
+            model = _Model("list", list(items), kind)
+        elif kind == "nested":
+            inner = items[:c.integer(1, len(items))]
+            outer = list(zip(fields[len(inner):], items[len(inner):]))
+            seed_lines.append(f"{name} = {{'lens': [{', '.join(inner)}]{''.join(f', {f!r}: {n}' for f, n in outer)}}}")
+            model = _Model("dict", [["lens", _Model("list", list(inner))]] + [[f, n] for f, n in outer], "dict")
+        else:
+            pairs = list(zip(fields, items))
+            constructor = _CONSTRUCTORS[kind]
+            first = "list, " if kind == "defaultdict" else ""
+            if c.flag(0.3):  # built entry by entry
+                seed_lines.append(f"{name} = {constructor}({first.rstrip(', ')})")
+                seed_lines += [f'{name}["{f}"] = {n}' for f, n in pairs]
+            elif c.flag(0.5) and kind != "defaultdict":
+                seed_lines.append(f"{name} = {constructor}({', '.join(f'{f}={n}' for f, n in pairs)})")
+            else:
+                literal_ = f"{{{', '.join(f'{f!r}: {n}' for f, n in pairs)}}}"
+                seed_lines.append(f"{name} = {literal_}" if kind == "dict" else f"{name} = {constructor}({first}{literal_})")
+            if kind != "dict":
+                prelude = "import collections\n\n"
+            model = _Model("dict", [[f, n] for f, n in pairs], kind)
+    if shared:
+        tags.append("container:one tensor under two keys")
+    where = {n: model.locate(n, target, fields if kind == "namedtuple" else None) for n in packed}
+    rest = [n for n in carry if where.get(n) is None]  # (a packed value the seed overwrote: passed as before)
+
+    # the seed's return: the container among the rest, or alone (fold then calls loop(container))
+    if not rest and kind not in ("tuple", "namedtuple") and c.flag(0.3):
+        seed_lines.append(f"return {name}")
+        loop_params = [target]
+        tags.append("container:returned alone by the seed")
+    else:
+        outs = list(rest)
+        outs.insert(c.integer(0, len(outs)), name)
+        seed_lines.append(f"return ({', '.join(outs)},)")
+        loop_params = [target if o == name else loop_names[o] for o in outs]
+    head = [f"{loop_names[n]} = {where[n]}" for n in carry if where.get(n) is not None]
+
+    inside: list[str] = []
+    tail: list[str] = []
+    returned: list[str] = []
+    counter = [0]
+    carried = [loop_names[n] for n in carry]
+
+    def fresh(prefix: str) -> str:
+        counter[0] += 1
+        return f"{prefix}{counter[0]}"
+
+    def value(m: _Model, t: str, place: str, reads: bool = True) -> str:
+        """A tensor to store: a carried value, a fresh tensor, an expression, a step's result, an entry."""
+        options = ["carried", "carried", "fresh", "expr"] + (["result", "result"] if place != "before" else [])
+        options += ["entry", "entry_expr"] if reads and m.tensor_keys() else []
+        how = c.pick(options)
+        if how == "carried":
+            return c.pick(carried)
+        if how == "fresh":
+            return c.pick(["torch.zeros(B, dtype=torch.int64)", f"torch.full((B,), {c.pick([-1, 7])})"])
+        if how == "expr":
+            return f"{c.pick(carried)} + {'step' if place == 'inside' else c.pick([1, 2])}"
+        if how == "result":
+            return c.pick(results)
+        read = _access(t, m, c.pick(m.tensor_keys()))
+        return read if how == "entry" else f"{read} + 1"
+
+    def mutation(place: str) -> list[str] | None:
+        m, t = model, target
+        if m.inner() is not None and c.flag(0.5):  # the list inside the dict
+            m, t = model.inner(), f'{target}["lens"]'
+        if m.kind == "list":
+            ops = ["append", "insert0", "pop", "pop0", "extend", "clear_refill", "setitem", "copy_entry", "del", "inplace"]
+        else:
+            ops = ["set_existing", "set_new", "pop", "del", "setdefault_existing", "setdefault_new", "clear_refill", "copy_entry",
+                   "inplace", "update", "popitem"]
+            ops += (["move_to_end"] if m.flavor == "OrderedDict" else []) + (["default_append"] if m.flavor == "defaultdict" else [])
+        op = c.pick(ops)
+        keys, tensor_keys = m.keys(), m.tensor_keys()
+        lines: list[str] = []
+        out: list[str] = []
+        effects: list[Callable[[_Model], None]] = []  # what one run of the lines does to the container
+
+        def need(ok) -> None:
+            if not ok:
+                raise _Invalid(op)
+
+        try:
+            if op in ("append", "insert0"):
+                v = value(m, t, place)
+                lines.append(f"{t}.append({v})" if op == "append" else f"{t}.insert(0, {v})")
+                effects.append(lambda m: m.items.append(v) if op == "append" else m.items.insert(0, v))
+            elif op in ("pop", "pop0") and m.kind == "list":
+                need(keys)
+                p = fresh("p")
+                lines.append(f"{p} = {t}.pop()" if op == "pop" else f"{p} = {t}.pop(0)")
+                effects.append(lambda m: m.remove(-1 if op == "pop" else 0))
+                out.append(p)
+            elif op == "extend":
+                vs = [value(m, t, place) for _ in range(c.integer(1, 2))]
+                lines.append(f"{t}.extend([{', '.join(vs)}])" if t != target or c.flag(0.5) else f"{t} += [{', '.join(vs)}]")
+                effects.append(lambda m: m.items.extend(vs))
+            elif op == "clear_refill":  # the values are read before the clear
+                vs = [value(m, t, place, reads=False) for _ in range(c.integer(1, 2))]
+                lines.append(f"{t}.clear()")
+                if m.kind == "list":
+                    lines.append(f"{t}.extend([{', '.join(vs)}])" if c.flag(0.5) else f"{t} += [{', '.join(vs)}]" if t == target else f"{t}.append({vs[0]})")
+                    vs = vs if lines[-1].count("append") == 0 else vs[:1]
+                    effects.append(lambda m: setattr(m, "items", list(vs)))
+                else:
+                    ks = [c.pick(keys) if keys and c.flag(0.6) else fresh("k") for _ in vs]
+                    lines += [f'{t}["{k}"] = {v}' for k, v in zip(ks, vs)]
+
+                    def refill(m: _Model) -> None:
+                        m.items = []
+                        for k, v in zip(ks, vs):
+                            m.set(k, v)
+                    effects.append(refill)
+            elif op in ("setitem", "set_existing"):
+                need(keys)
+                k = c.pick(keys)
+                v = value(m, t, place)
+                lines.append(f"{_access(t, m, k)} = {v}")
+                effects.append(lambda m: m.set(k, v))
+            elif op in ("set_new", "update"):
+                k = c.pick(keys) if op == "update" and keys and c.flag(0.5) else fresh("k")
+                v = value(m, t, place)
+                lines.append(f'{t}["{k}"] = {v}' if op == "set_new" else f"{t}.update({k}={v})")
+                effects.append(lambda m: m.set(k, v))
+            elif op == "copy_entry":  # an entry reassigned to another entry's value
+                need(tensor_keys and len(keys) >= 2)
+                src = c.pick(tensor_keys)
+                dst = c.pick([k for k in keys if k != src])
+                lines.append(f"{_access(t, m, dst)} = {_access(t, m, src)}")
+
+                def copy_entry(m: _Model) -> None:
+                    entry = m.get(src)
+                    need(isinstance(entry, str))
+                    m.set(dst, entry)
+                effects.append(copy_entry)
+            elif op == "del":
+                need(keys)
+                k = c.pick(keys)
+                lines.append(f"del {_access(t, m, k)}")
+                effects.append(lambda m: m.remove(k))
+            elif op == "pop":  # a dict's
+                need(keys)
+                k = c.pick(keys)
+                p = fresh("p")
+                lines.append(f'{p} = {t}.pop("{k}")')
+                effects.append(lambda m: m.remove(k))
+                out.append(p)
+            elif op == "inplace":  # an entry written in place (the tensor, not the container)
+                need(tensor_keys)
+                k = c.pick(tensor_keys)
+                lines.append(f"{_access(t, m, k)}.add_({c.pick([1, 3])})")
+                effects.append(lambda m: need(isinstance(m.get(k), str)))
+            elif op in ("setdefault_existing", "setdefault_new"):
+                k = c.pick(tensor_keys) if op == "setdefault_existing" and tensor_keys else fresh("k")
+                v = value(m, t, place)
+                p = fresh("p")
+                lines.append(f'{p} = {t}.setdefault("{k}", {v})')
+
+                def setdefault(m: _Model) -> None:
+                    try:
+                        need(isinstance(m.get(k), str))
+                    except _Invalid:
+                        m.set(k, v)
+                effects.append(setdefault)
+                out.append(p)
+            elif op == "popitem":
+                need(keys)
+                last = m.flavor != "OrderedDict" or c.flag(0.5)
+                p = fresh("p")
+                lines.append(f"_, {p} = {t}.popitem()" if last else f"_, {p} = {t}.popitem(last=False)")
+
+                def popitem(m: _Model) -> None:
+                    need(m.items)
+                    m.items.pop(-1 if last else 0)
+                effects.append(popitem)
+                out.append(p)
+            elif op == "move_to_end":
+                need(keys)
+                k = c.pick(keys)
+                last = c.flag(0.5)
+                lines.append(f'{t}.move_to_end("{k}")' if last else f'{t}.move_to_end("{k}", last=False)')
+
+                def move(m: _Model) -> None:
+                    entry = m.remove(k)
+                    m.items.insert(len(m.items) if last else 0, [k, entry])
+                effects.append(move)
+            elif op == "default_append":  # a missing key of a defaultdict(list): the list made, appended to
+                k = fresh("k")
+                v = value(m, t, place)
+                lines.append(f'{t}["{k}"].append({v})')
+
+                def default_append(m: _Model) -> None:
+                    try:
+                        entry = m.get(k)
+                    except _Invalid:
+                        entry = _Model("list", [])
+                        m.set(k, entry)
+                    need(isinstance(entry, _Model))
+                    entry.items.append(v)
+                effects.append(default_append)
+        except _Invalid:
+            return None
+        # the lines run once (before or after the steps) or once per step: every run must be valid
+        trial = copy.deepcopy(model)
+        trial_m = trial if m is model else trial.inner()
+        try:
+            for _ in range(steps if place == "inside" else 1):
+                for effect in effects:
+                    effect(trial_m)
+        except _Invalid:
+            return None
+        model.items = trial.items
+        tags.append(f"container:{op}")
+        returned.extend(out)
+        return lines
+
+    if kind not in ("tuple", "namedtuple") and c.flag(0.7):
+        # in the order they run; at most one in the steps (its runs are simulated step by step)
+        places = [c.pick(["before", "inside", "after", "after"]) for _ in range(c.integer(1, 3))]
+        places = [p if p != "inside" or places.index("inside") == i else "after" for i, p in enumerate(places)]
+        places.sort(key=["before", "inside", "after"].index)
+        for place in places:
+            lines = mutation(place)
+            if lines is None:
+                continue
+            tags.append("container:mutated")
+            tags.append(f"container:mutated {place} the steps" if place != "inside" else "container:mutated in each step")
+            {"before": head, "inside": inside, "after": tail}[place].extend(lines)
+    # reads after the mutations reach the outputs; the container itself sometimes does
+    for _ in range(c.integer(0, 2)):
+        if model.tensor_keys():
+            e = fresh("e")
+            key = c.pick(model.tensor_keys())
+            tail.append(f"{e} = {target}.{fields[key]}" if kind == "namedtuple" and c.flag(0.5) else f"{e} = {_access(target, model, key)}")
+            returned.append(e)
+    if c.flag(0.4):
+        returned.append(target)
+        tags.append("container:returned by the loop")
+    tensors.extend(added)
+    return _Box(seed_lines, loop_params, new_params, containers, prelude, head, inside, tail, returned)
+
+
+# --------------------------------------------------------------------------------------------------
 # Oracles.
 
 
@@ -556,13 +1037,29 @@ class CaptureUnsupported(Exception):
 
 
 def composed(seed: Callable, loop: Callable, value_ranges: dict):
-    """seed and loop composed as fold() composes them (seam marker with the facts), by keyword."""
-    from draftfuse.passes.seed_fold import mark_seam, seam_facts
+    """seed and loop composed as fold() composes them (seam marker with the facts; the seed's own objects
+    put back into its lists and dicts after the loop; loop(*carried) for a tuple, loop(carried) else), by
+    keyword."""
+    from draftfuse.passes.seed_fold import seam_facts
+    from draftfuse.passes.seed_fold.seam import mark_seam_undoable, unmark_seam
 
     facts = seam_facts(value_ranges=value_ranges)
 
     def draft(**kwargs):
-        return loop(*mark_seam(seed(**kwargs), facts))
+        carried, undo = mark_seam_undoable(seed(**kwargs), facts)
+        out = loop(*carried) if isinstance(carried, tuple) else loop(carried)
+        unmark_seam(undo)
+        return out
+
+    return draft
+
+
+def plain(seed: Callable, loop: Callable) -> Callable:
+    """`loop(*seed(...))` (loop(seed(...)) where the seed returns no tuple, as fold() calls it), by keyword."""
+
+    def draft(**kwargs):
+        carried = seed(**kwargs)
+        return loop(*carried) if isinstance(carried, tuple) else loop(carried)
 
     return draft
 
@@ -572,7 +1069,7 @@ def _eager(program: SeedFoldProgram):
     kwargs = program.kwargs()
     torch.manual_seed(program.rng_seed)
     with quiet():
-        out = loop(*seed(**kwargs))
+        out = plain(seed, loop)(**kwargs)
     return out, kwargs
 
 
@@ -585,8 +1082,81 @@ def compare(program: SeedFoldProgram, want: Any, got: Any, want_inputs: dict, go
             describe = (lambda t: f"{t.dtype} {t.tolist()}") if isinstance(w, torch.Tensor) and isinstance(g, torch.Tensor) else repr
             raise Failure("outputs differ", f"output {position}: {describe(g)} vs eager {describe(w)}", oracle)
     for name in program.params:
-        if not same_tensor(want_inputs[name], got_inputs[name]):
+        if isinstance(want_inputs[name], torch.Tensor) and not same_tensor(want_inputs[name], got_inputs[name]):
             raise Failure("input contents differ", f"{name}: {got_inputs[name].tolist()} vs eager {want_inputs[name].tolist()}", oracle)
+    # the caller's containers after the call: the same type, keys (in order) or length, tensor values
+    for name in program.params:
+        if not isinstance(want_inputs[name], torch.Tensor):
+            difference = _container_difference(want_inputs[name], got_inputs[name], name)
+            if difference:
+                raise Failure("caller's container differs", difference, oracle)
+    # the outputs' containers (a list or dict the loop returns): the same structure; the caller's own
+    # object where eager returns the caller's object
+    callers = {id(v): n for n, v in want_inputs.items() if not isinstance(v, torch.Tensor)}
+    difference = _container_difference(want, got, "output", callers, got_inputs)
+    if difference:
+        raise Failure("output containers differ", difference, oracle)
+
+
+def _container_difference(want: Any, got: Any, path: str, callers: dict | None = None, got_inputs: dict | None = None) -> str | None:
+    """Where `got` differs from `want` (containers of tensors): type, keys/length, a tensor's values; and,
+    given `callers` (id of a caller's container in eager -> its argument), an output that is the caller's
+    object in eager must be the caller's object (got_inputs[argument]) too. None if they agree."""
+    if callers and id(want) in callers and got is not got_inputs[callers[id(want)]]:
+        return f"{path}: eager returns the caller's `{callers[id(want)]}` itself, this run another {type(got).__name__}"
+    if isinstance(want, torch.Tensor):
+        if not same_tensor(want, got):
+            describe = (lambda t: f"{t.dtype} {t.tolist()}") if isinstance(got, torch.Tensor) else repr
+            return f"{path}: {describe(got)} vs eager {describe(want)}"
+        return None
+    if not isinstance(want, (list, tuple, dict)):
+        return None if type(want) is type(got) and want == got else f"{path}: {got!r} vs eager {want!r}"
+    # (a namedtuple's class is made again by each run of the program's source: compared by name and fields)
+    kind = lambda v: (type(v).__qualname__, getattr(type(v), "_fields", None), getattr(v, "default_factory", None))  # noqa: E731
+    if kind(want) != kind(got):
+        return f"{path}: a {type(got).__qualname__} vs eager's {type(want).__qualname__}"
+    if isinstance(want, dict):
+        if list(want) != list(got):
+            return f"{path}: keys {list(got)} vs eager {list(want)}"
+        pairs = [(f"{path}[{k!r}]", want[k], got[k]) for k in want]
+    else:
+        if len(want) != len(got):
+            return f"{path}: length {len(got)} vs eager {len(want)}"
+        pairs = [(f"{path}[{i}]", w, g) for i, (w, g) in enumerate(zip(want, got))]
+    for where, w, g in pairs:
+        difference = _container_difference(w, g, where, callers, got_inputs)
+        if difference:
+            return difference
+    return None
+
+
+def _traced_error(error: BaseException) -> str:
+    """The exception the traced code raised, as Dynamo's message names it ('raised exception
+    IndexError(...)'), or the error's own first line."""
+    for line in str(error).splitlines():
+        if "raised exception" in line:
+            return line.strip()[:300]
+    return str(error).strip().splitlines()[0][:300] if str(error).strip() else describe_exception(error)
+
+
+def _draftfuse_line(error: BaseException) -> str | None:
+    """file:function of draftfuse's code where the traced draft raised (Dynamo's 'Observed exception' names
+    the user code it traced: the innermost frame of its real_stack; draftfuse's DraftCaptureError names it
+    in `where`), following causes; None if the innermost frame is not draftfuse's (the program's own code,
+    Dynamo's limits)."""
+    seen: set[int] = set()
+    while error is not None and id(error) not in seen:
+        seen.add(id(error))
+        stack = getattr(error, "real_stack", None)
+        if stack:
+            frame = stack[-1]
+            if "/draftfuse/" in frame.filename and not frame.filename.endswith("/draftfuse/testing.py"):
+                return f"{frame.filename.rsplit('/', 1)[-1]}:{frame.name}"
+        where = getattr(error, "where", None)
+        if isinstance(where, str) and "/draftfuse/" in where and "/draftfuse/testing.py" not in where:
+            return where.rsplit("/", 1)[-1]
+        error = error.__cause__ or error.__context__
+    return None
 
 
 def check_pass(program: SeedFoldProgram, *, direct_ranges: bool = False) -> Any:
@@ -616,6 +1186,8 @@ def check_pass(program: SeedFoldProgram, *, direct_ranges: bool = False) -> Any:
         with quiet():
             got = compiled(**got_inputs)
     except (torch._dynamo.exc.Unsupported, torch._dynamo.exc.UserError) as error:
+        if _draftfuse_line(error):  # the traced draft raised in draftfuse's code (the seam), where eager runs
+            raise Failure(f"traced draft raises ({_draftfuse_line(error)})", _traced_error(error), "pass") from error
         raise CaptureUnsupported(describe_exception(error)) from error
     except Exception as error:
         if "report" not in box and "error" not in box:  # Dynamo failed before handing over a graph
@@ -655,6 +1227,8 @@ def check_pipeline(program: SeedFoldProgram) -> Any:
         with quiet(), torch._inductor.config.patch(fallback_random=True):
             graphs = draft_graphs(draft, **got_inputs)
     except Exception as error:
+        if _draftfuse_line(error):  # the traced draft raised in draftfuse's code (the seam), where eager runs
+            raise Failure(f"traced draft raises ({_draftfuse_line(error)})", _traced_error(error), "pipeline") from error
         if not raised_in_draftfuse(error):
             raise CaptureUnsupported(describe_exception(error)) from error
         raise Failure(f"pipeline raises ({where_raised(error)})", describe_exception(error), "pipeline") from error
@@ -678,7 +1252,7 @@ def _require_torch_agrees(program: SeedFoldProgram, want: Any, want_inputs: dict
     def check(out, args, kwargs):
         compare(program, want, out, want_inputs, kwargs, "control")
 
-    if not aot_control(lambda **kw: loop(*seed(**kw)), lambda: ((), program.kwargs()), check, program.rng_seed):
+    if not aot_control(plain(seed, loop), lambda: ((), program.kwargs()), check, program.rng_seed):
         raise CaptureUnsupported(f"PyTorch's AOT autograd alone differs from eager here: {failure.detail}") from failure
 
 
@@ -695,7 +1269,7 @@ def _require_harness_agrees(program: SeedFoldProgram, want: Any, want_inputs: di
     torch.manual_seed(program.rng_seed)
     try:
         with quiet(), torch._inductor.config.patch(fallback_random=True):
-            control = draft_graphs(lambda **kw: loop(*seed(**kw)), options={"seed_fold": False, "softmax_topk": False}, **kwargs)
+            control = draft_graphs(plain(seed, loop), options={"seed_fold": False, "softmax_topk": False}, **kwargs)
         compare(program, want, control.outputs, want_inputs, kwargs, "control")
     except Exception as error:  # noqa: BLE001
         raise CaptureUnsupported(f"draft_graphs without draftfuse's passes differs from eager here: {failure.detail}") from error
@@ -718,7 +1292,7 @@ def check_fold(program: SeedFoldProgram, **settings) -> Any:
         """Inductor alone, on the plain composition (no marker, no draftfuse pass)."""
         seed, loop = program.functions()
         torch._dynamo.reset()
-        compiled = torch.compile(lambda **kw: loop(*seed(**kw)), backend="inductor", options={"fallback_random": True})
+        compiled = torch.compile(plain(seed, loop), backend="inductor", options={"fallback_random": True})
         kwargs = program.kwargs()
         torch.manual_seed(program.rng_seed)
         with quiet():
@@ -728,6 +1302,8 @@ def check_fold(program: SeedFoldProgram, **settings) -> Any:
     try:
         got, got_inputs = run({"fallback_random": True})
     except Exception as error:
+        if _draftfuse_line(error):  # the traced draft raised in draftfuse's code (the seam), where eager runs
+            raise Failure(f"traced draft raises ({_draftfuse_line(error)})", _traced_error(error), "fold") from error
         if "Unsupported" in type(error).__name__ or "GraphBreak" in type(error).__name__:
             raise CaptureUnsupported(describe_exception(error)) from error
         raise Failure(f"fold raises ({where_raised(error)})", describe_exception(error), "fold") from error
