@@ -643,8 +643,23 @@ class Refusals(_FakeGroup):
         self.assertExpectedInline(self.rewrite(selected_before_the_write, X, torch.randn(3, 16))[2], """[vocab_parallel] 0 rewrites, 0 refusals""")
         self.assertExpectedInline(self.refusal(scattered, X), """\
 [vocab_parallel] 0 rewrites, 2 refusals
-  tests/test_vocab_parallel_graphs.py:608: refused: the gathered logits are written into full by setitem before the selection (vLLM's EAGLE-3 scatters its draft vocabulary into the target's so): not localised [argmax]
-  tests/test_vocab_parallel_graphs.py:608: refused: the gathered logits are written into full by setitem before the selection (vLLM's EAGLE-3 scatters its draft vocabulary into the target's so): not localised [topk]""")
+  tests/test_vocab_parallel_graphs.py:608: refused: the gathered logits are written into full by setitem before the selection (as vLLM's EAGLE-3 scatters its draft vocabulary into the target's, or a buffer gathered into again): not localised [argmax]
+  tests/test_vocab_parallel_graphs.py:608: refused: the gathered logits are written into full by setitem before the selection (as vLLM's EAGLE-3 scatters its draft vocabulary into the target's, or a buffer gathered into again): not localised [topk]""")
+
+    def test_gathered_logits_viewed_as_another_dtype_are_refused(self):
+        """`g.view(torch.int32)` keeps the shape, and was taken for a reshape: every rank then selected on its
+        shard's own values, not the reinterpreted bits, and picked other tokens (helper-70)."""
+
+        def as_int32(x):
+            return _tp.gather_dim(x).view(torch.int32).float().argmax(dim=-1)
+
+        def as_half(x):
+            return torch.softmax(_tp.gather_dim(x).view(torch.float16).float(), dim=-1).topk(2, dim=-1)
+
+        self.assertIn("view (view) between the gather and the selection is not understood", self.refusal(as_int32, X))
+        self.assertIn("between the gather and the softmax is not understood", self.refusal(as_half, X.bfloat16()))
+        for draft, x in ((as_int32, X), (as_half, X.bfloat16())):
+            self.assertIn("view.dtype", _tp.aten_graphs(draft, x)[2].format())  # post-grad refused it already
 
     def test_a_gather_into_a_buffer_the_draft_is_given_is_refused_with_the_reason(self):
         """A CUDA-graph runner's static buffer passed in: `dist.all_gather_into_tensor(buf, x)` is a gather and a
@@ -665,6 +680,21 @@ class Refusals(_FakeGroup):
         self.assertIn("0 rewrites, 1 refusal", report)
         self.assertIn("written into l_buf_ by copy_ before the selection (an input of the draft", report)
         self.assertIn("1 rewrite, 0 refusals", self.rewrite(into_its_own, X)[2])
+
+    def test_dtensor_redistributed_then_full_tensor(self):
+        """redistribute(mesh, [Replicate()]).full_tensor(): the redistribute gathers, full_tensor() of the
+        replicated result is to_local(). Refused at the Dynamo level as "placed [Replicate()]", rewritten
+        only after decomposition (helper-70); rewritten at both levels now."""
+        from torch.distributed.tensor import DTensor, Replicate, Shard
+
+        mesh = _tp._mesh()
+
+        def draft(x):
+            full = DTensor.from_local(x, mesh, [Shard(1)]).redistribute(mesh, [Replicate()]).full_tensor()
+            return torch.softmax(full, dim=-1).topk(2, dim=-1)
+
+        _, _, report = self.rewrite(draft, X)
+        self.assertIn("all_gather+softmax+topk(k=2) -> local topk + all_gather of 6 numbers per row", report)
 
 
 def test_an_unknown_option_raises():

@@ -148,17 +148,21 @@ def _into_buffer(buffer: Node) -> Gather | None:
 
 
 def _dtensor(node: Node) -> Gather | None:
-    """full_tensor() or redistribute(..., [Replicate()]).to_local() of a vocab-sharded DTensor."""
+    """full_tensor() or redistribute(..., [Replicate()]).to_local() (or .full_tensor()) of a vocab-sharded
+    DTensor."""
     if node.op != "call_method" or node.target not in ("full_tensor", "to_local"):
         return None
     nodes = [node]
-    if node.target == "to_local":
-        redistribute = node.args[0] if node.args else None
-        if not (isinstance(redistribute, Node) and redistribute.op == "call_method" and redistribute.target == "redistribute"):
-            return None
-        bound = bind(redistribute, ("self", "device_mesh", "placements", "async_op"))
-        placements = bound.get("placements") if bound else None
-        if not isinstance(placements, (list, tuple)) or not all(type(p).__name__ == "Replicate" for p in placements):
+    redistribute = node.args[0] if node.args else None
+    if not (isinstance(redistribute, Node) and redistribute.op == "call_method" and redistribute.target == "redistribute"):
+        redistribute = None
+    bound = bind(redistribute, ("self", "device_mesh", "placements", "async_op")) if redistribute is not None else None
+    placements = bound.get("placements") if bound else None
+    replicated = isinstance(placements, (list, tuple)) and all(type(p).__name__ == "Replicate" for p in placements)
+    if node.target == "to_local" and redistribute is None:
+        return None
+    if node.target == "to_local" or replicated:  # redistribute gathers; full_tensor() of its result is to_local()
+        if not replicated:
             raise Refuse(f"{redistribute.name}: redistribute to {placements!r} is not a full replication")
         if len(redistribute.users) != 1:
             raise Refuse(f"the gathered logits have other users: {redistribute.name}")

@@ -215,6 +215,9 @@ def _step(node: Node, states: dict[Node, Any], tp: int, reader: str) -> Any:
         perm = _permutation(node, len(source.dims))
         return Layout(tuple(source.dims[p] for p in perm), source.rank)
     if key in _VIEWS:
+        value, before = fake(node), fake(node.args[0])
+        if value is None or before is None or value.dtype != before.dtype:
+            raise _not_understood(node, reader)  # x.view(torch.int32): the bits read as another dtype, no reshape
         return _regroup(source, _static_shape(node), node)
     raise _not_understood(node, reader)
 
@@ -295,7 +298,8 @@ def _index(node: Node, dim: int, size: int, reader: str) -> tuple[LocalOp | None
     if (cast := as_cast(node)) is not None:
         source = fake_tensor(cast[0])
         if not is_upcast(source.dtype if source is not None else None, cast[1]):
-            raise Refuse(f"{node.name}: a narrowing cast of the gathered logits where they are indexed, before the {reader}")
+            raise Refuse(f"{node.name}: a cast of the gathered logits that is not a float upcast (a narrowing one, or "
+                         f"integer logits made float) where they are indexed, before the {reader}")
         return LocalOp(node, node.args, dict(node.kwargs)), dim, None
     ndim = fake_tensor(node.args[0]).dim()
     if key is aten.select.int:

@@ -211,7 +211,7 @@ def _gather_of(logits: Node, sel: Node, effects: Effects) -> Gather | None:
                      "gather with funcol.all_gather_tensor or dist.all_gather_into_tensor")
     if target_key(logits) in _PADS and isinstance(logits.args[0], Node) and _walk_back(logits.args[0], _MOVEMENT):
         raise Refuse(f"{logits.name} pads the gathered logits before the selection (the vocabulary grows): not localised")
-    eagle3 = "vLLM's EAGLE-3 scatters its draft vocabulary into the target's so"
+    eagle3 = "as vLLM's EAGLE-3 scatters its draft vocabulary into the target's, or a buffer gathered into again"
     for target in _upstream(logits, _moves):  # the logits, and a buffer they view (dist.all_gather_into_tensor(buf, x))
         if (writer := _written_with_gathered(target, sel, effects)) is not None:
             why = "an input of the draft: its caller sees the gather there" if target.op == "placeholder" else eagle3
