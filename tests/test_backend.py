@@ -469,6 +469,25 @@ def test_integer_logits_under_a_negative_temperature_tensor_select_eagers_token(
         assert torch.equal(got, draft(x, t)), (t, got)
 
 
+@pytest.mark.parametrize("k", [1, 2])
+@pytest.mark.parametrize("temperature", ["row", "constant"])
+def test_integer_logits_under_a_negative_temperature_give_eager_s_values(k, temperature):
+    """The values' s - amax(s) over x / t is what Inductor's joint-graph pass rewrites into (x * sign -
+    max(x * sign)) / (sign * t), in x's dtype: for int8 -128 * -1 wraps, and the top probability came out
+    0.018 where eager's is 0.982 (helper-69's fuzzing). The values now read s from x made float."""
+
+    def draft(x, t):
+        scaled = x / t.unsqueeze(1) if temperature == "row" else x / -0.5
+        return torch.softmax(scaled, 1).topk(k, 1)
+
+    x = torch.tensor([[-128, -126, 3], [-126, -128, 3]], dtype=torch.int8)
+    t = torch.tensor([-0.5, -0.5])
+    got = torch.compile(draft, backend="draftfuse", fullgraph=True)(x, t)
+    want = draft(x, t)
+    assert torch.equal(got.indices, want.indices)
+    torch.testing.assert_close(got.values, want.values)
+
+
 @pytest.mark.parametrize(
     "dtype, scaled",
     [

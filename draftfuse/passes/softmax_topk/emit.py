@@ -14,7 +14,7 @@ from typing import Any
 import torch
 
 from draftfuse.graph.values import Node, fake_tensor, insert_after
-from draftfuse.passes.softmax_topk.forms import Softmax
+from draftfuse.passes.softmax_topk.forms import Softmax, as_scale
 
 aten = torch.ops.aten
 prims = torch.ops.prims
@@ -62,6 +62,11 @@ class Emitter:
 
     def call(self, name: str, *args: Any) -> Node:
         raise NotImplementedError
+
+    def copy_with(self, node: Node, replaced: dict[Node, Node]) -> Node:
+        """`node`'s op again, with the inputs in `replaced` replaced."""
+        swap = lambda a: replaced.get(a, a) if isinstance(a, Node) else a  # noqa: E731
+        return self._node(node.op, node.target, tuple(map(swap, node.args)), {k: swap(v) for k, v in node.kwargs.items()})
 
     def can_fill(self, like: Node) -> bool:
         """Whether call("ones_like", like, ...) can be emitted: ones_like takes any shape."""
@@ -181,12 +186,25 @@ class SoftmaxParts:
 
     def z(self) -> Node:
         if self._z is None:
-            s, emit = self.softmax.scores, self.emit
+            s, emit = self._scores_of_float_logits(), self.emit
             if self.softmax.dtype not in (None, emit.dtype_of(s)):  # softmax(x, dtype=d) computes on x.to(d)
                 s = emit.call("cast", s, self.softmax.dtype)
             s = emit.to_compute_dtype(s)
             self._z = emit.call("sub", s, emit.call("amax", s, self.softmax.dim, True))
         return self._z
+
+    def _scores_of_float_logits(self) -> Node:
+        """The softmax input; for integer logits scaled into floats (x / t, x * 0.5) the same scale of x made
+        float first, the same value (torch promotes x so): Inductor's joint-graph pass rewrites s - amax(s)
+        into (x * sign - max(x * sign)) / (sign * t) in x's dtype, where int8's -128 * -1 wraps around."""
+        s, emit = self.softmax.scores, self.emit
+        step = as_scale(s)
+        x = step[0] if step is not None else None
+        dtype, result = (emit.dtype_of(x), emit.dtype_of(s)) if isinstance(x, Node) else (None, None)
+        if dtype is None or dtype.is_floating_point or result is None or not result.is_floating_point:
+            return s
+        as_float = emit.call("cast", x, result)
+        return emit.copy_with(s, {x: as_float})
 
     def sum_exp(self) -> Node:
         if self._sum_exp is None:
