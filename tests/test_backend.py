@@ -470,14 +470,16 @@ def test_integer_logits_under_a_negative_temperature_tensor_select_eagers_token(
 
 
 @pytest.mark.parametrize("k", [1, 2])
-@pytest.mark.parametrize("temperature", ["row", "constant"])
+@pytest.mark.parametrize("temperature", ["row", "constant", "row, then a cast"])
 def test_integer_logits_under_a_negative_temperature_give_eager_s_values(k, temperature):
     """The values' s - amax(s) over x / t is what Inductor's joint-graph pass rewrites into (x * sign -
     max(x * sign)) / (sign * t), in x's dtype: for int8 -128 * -1 wraps, and the top probability came out
     0.018 where eager's is 0.982 (helper-69's fuzzing). The values now read s from x made float."""
 
     def draft(x, t):
-        scaled = x / t.unsqueeze(1) if temperature == "row" else x / -0.5
+        scaled = x / -0.5 if temperature == "constant" else x / t.unsqueeze(1)
+        if temperature == "row, then a cast":
+            scaled = scaled.to(torch.float32)  # a no-op cast AOT drops: the fuzzer's seed 500566
         return torch.softmax(scaled, 1).topk(k, 1)
 
     x = torch.tensor([[-128, -126, 3], [-126, -128, 3]], dtype=torch.int8)

@@ -14,7 +14,7 @@ from typing import Any
 import torch
 
 from draftfuse.graph.values import Node, fake_tensor, insert_after
-from draftfuse.passes.softmax_topk.forms import Softmax, as_scale
+from draftfuse.passes.softmax_topk.forms import Softmax, as_cast, as_scale
 
 aten = torch.ops.aten
 prims = torch.ops.prims
@@ -197,14 +197,19 @@ class SoftmaxParts:
         """The softmax input; for integer logits scaled into floats (x / t, x * 0.5) the same scale of x made
         float first, the same value (torch promotes x so): Inductor's joint-graph pass rewrites s - amax(s)
         into (x * sign - max(x * sign)) / (sign * t) in x's dtype, where int8's -128 * -1 wraps around."""
-        s, emit = self.softmax.scores, self.emit
+        emit, casts, s = self.emit, [], self.softmax.scores
+        while (cast := as_cast(s)) is not None and isinstance(cast[0], Node):  # s4 = (x / t).to(float32), say
+            casts.append(s)
+            s = cast[0]
         step = as_scale(s)
         x = step[0] if step is not None else None
         dtype, result = (emit.dtype_of(x), emit.dtype_of(s)) if isinstance(x, Node) else (None, None)
         if dtype is None or dtype.is_floating_point or result is None or not result.is_floating_point:
-            return s
-        as_float = emit.call("cast", x, result)
-        return emit.copy_with(s, {x: as_float})
+            return self.softmax.scores
+        old, new = s, emit.copy_with(s, {x: emit.call("cast", x, result)})
+        for cast in reversed(casts):
+            old, new = cast, emit.copy_with(cast, {old: new})
+        return new
 
     def sum_exp(self) -> Node:
         if self._sum_exp is None:
