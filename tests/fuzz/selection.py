@@ -2,8 +2,17 @@
 
 What is generated (`generate(chooser)` -> `SelectionProgram`, a function as source text plus inputs):
 
-  logits x (fp32, fp16 or bf16, or int64 / int32 / int8 / uint8 made float by a temperature or a cast;
-            rank 2 or 3)
+  logits x (fp32, fp16 or bf16, or int64 / int32 / int16 / int8 / uint8 made float by a temperature or a
+            cast; rank 2 or 3)
+    [integer product]                  integer logits times an integer factor in their own dtype, before
+                                       the casts and temperatures: x * 2, 2 * x, x.mul(3), torch.mul(x, -1),
+                                       x.clone().mul_(2), or a per-row tensor s of 2, 3 (or -1) in x's
+                                       dtype (x * s, s * x, x.mul(s), torch.mul(x, s), or x * torch.full_like(
+                                       x[..., :1], 2)): the product wraps around (int8 100 * 2 == -56,
+                                       -128 * -1 == -128) and the selection must read it as computed;
+                                       often with the temperature right on it and a plain tail (a largest
+                                       selection along the softmax dim, no writes), where the rewrite's walk
+                                       back from the softmax reaches the product
     [writes to x]                      x.mul_(-1), x *= 2, x += p, x.add_(p), torch.add(x, p, out=x),
                                        x[:, j] = v, x.masked_fill_(m, -inf), x.add_(c), an in-place flag
                                        passed by position (F.leaky_relu(x, 0.5, True)), ...
@@ -49,6 +58,18 @@ How the documented difference cases are excluded by construction, not by filteri
     disjoint intervals [v - 2e, v + 2e]. Writes that create ties (zeros, -inf) are limited per row so
     that ties never fall inside the selected part. This check uses only the model, never draftfuse or
     eager results; a draw that fails it is redrawn (`Reject`), which is rare (see `rejection_rate`).
+  * An integer product wraps by design, exactly mirrored: the Latin lattice above is drawn for the
+    product's values w (what the softmax side sees: small, distinct along every dim, exact in every
+    float type), and x is a preimage of it in two's complement, x * f == w mod 2**bits: for an odd f the
+    only one, w * f^-1 mod 2**bits (f = 3: w / 3 where 3 divides w, else near +-2**bits / 3, i.e. int32
+    logits near +-2**30.4 and int64 near +-2**62.4; f = -1: -w, which wraps only at the dtype's minimum),
+    for f = 2 per entry w / 2 or w / 2 + 2**(bits - 1) (int32 near +-2**31, int64 near +-2**63); so some
+    products wrap and others not, and the order of x is not that of x * f. The model of the product is
+    those wrapped integers, computed again from x's exact integers with Python ints (e = 0; a mismatch is
+    a generator error), and checked as any other value;
+    f = 2 makes the lattice step g at least 2 (w even). The tag "integer product wraps" marks programs
+    where some entry of the product wrapped. x is not written before its product is taken (the float64
+    model cannot hold int64 values beyond 2**53; the model of x is not read after the product).
 
 The oracles (`check_dynamo`, `check_aten`, `check_backend`) compare with eager on cloned inputs:
 indices exactly, values within `value_tolerance`, every other output and every input bit-exactly.
@@ -68,8 +89,12 @@ import torch.nn.functional as F
 from tests.fuzz.common import Chooser, Failure, Reject, describe_exception, flat, literal, quiet, raised_in_draftfuse, same_tensor, where_raised
 
 F16, BF16, F32, F64 = torch.float16, torch.bfloat16, torch.float32, torch.float64
-INTS = (torch.int64, torch.int32, torch.int8, torch.uint8)
-NARROW_INTS = {torch.int8: (-128, 127), torch.uint8: (0, 255)}  # no writes to these (they wrap)
+INTS = (torch.int64, torch.int32, torch.int16, torch.int8, torch.uint8)
+# no writes to these (their lattice spans the dtype: a write would wrap); the integer product step wraps
+# on purpose, mirrored exactly in the model (see `_integer_product`)
+NARROW_INTS = {torch.int8: (-128, 127), torch.uint8: (0, 255)}
+PRODUCT_FACTORS = [2, 3, -1, 2, 3]  # a constant integer factor (-1: int8 -128 * -1 stays -128)
+PRODUCT_ROW_FACTORS = [[2], [3], [2, 3], [2, 3], [2, 3, -1]]  # the values of a per-row integer factor
 HALF = (F16, BF16)
 DTYPE_SRC = {F16: "torch.float16", BF16: "torch.bfloat16", F32: "torch.float32", F64: "torch.float64"}
 LEAKY_SLOPES = [0.5, 0.25, 2.0]  # powers of two: exact on the lattice, and monotone (no new ties)
@@ -316,15 +341,22 @@ def generate(c: Chooser, disabled: frozenset[str] | None = None) -> SelectionPro
 
         disabled = frozenset(n.strip() for n in os.environ.get("DRAFTFUSE_FUZZ_DISABLE", "").split(",") if n.strip())
     b = _Builder(c)
-    dx = c.pick([F32, F32, F16, BF16]) if c.flag(0.9) else c.pick(INTS)
+    dx = c.pick([F32, F32, F16, BF16]) if c.flag(0.85) else c.pick(INTS)
     rank = 3 if c.flag(0.25) else 2
+    product = _product_plan(c) if dx in INTS and c.flag(0.6) else None  # x times an integer (it may wrap)
+    # often the rest of such a program is a form the rewrite takes (a largest selection along the softmax's
+    # dim, no writes): its walk back from the softmax then reaches the product, whose wrap is the hazard
+    plain_tail = product is not None and c.flag(0.4)
     log = c.flag(0.3)
     temp = _temperature_plan(c, narrow_int=dx in NARROW_INTS)
     # dtypes through which the scaled logits and probabilities pass: decide casts now
     pre_cast = c.pick([None, None, F32, F64, F16, BF16]) if c.flag(0.5) else None
     sm_dtype = c.pick([None, F32, F64, F16, BF16]) if c.flag(0.3) else None
     if dx in INTS and temp["kind"] == "none" and pre_cast is None and sm_dtype is None:
-        pre_cast = c.pick([F32, F64, F16, BF16])  # a softmax needs floats: integer logits are made float first
+        if product is not None and c.flag(0.5):  # softmax(x * 2, dtype=...): the softmax reads the product itself
+            sm_dtype = c.pick([F32, F64])
+        else:
+            pre_cast = c.pick([F32, F64, F16, BF16])  # a softmax needs floats: integer logits are made float first
     post_cast = c.pick([F32, F64, F16, BF16]) if c.flag(0.3) else None
     involved = {dx, pre_cast, sm_dtype, post_cast} - {None}
     half = bool(involved & set(HALF))
@@ -332,6 +364,8 @@ def generate(c: Chooser, disabled: frozenset[str] | None = None) -> SelectionPro
     g = 2.0 ** math.ceil(math.log2(GAP / temp["min"]))
     if dx in INTS:
         g = max(g, 1.0)  # integer logits: the lattice's points are integers
+    if product is not None and product["even"]:
+        g = max(g, 2.0)  # x * 2 is even: so is the lattice of the product's values
     m_max = int(spread_max / (temp["max"] * g)) + 1
     if m_max < 2:
         raise Reject("temperature range too wide for a half type")
@@ -352,22 +386,29 @@ def generate(c: Chooser, disabled: frozenset[str] | None = None) -> SelectionPro
             x_values = x_values + (low - x_values.min())
         if x_values.min() < low or x_values.max() > high:
             raise Reject("integer logits out of their dtype's range")
-    x = b.arg("x", x_values.to(dx))
-    b.models[x] = Model(x_values.clone(), torch.zeros(shape, dtype=F64), dx)
+    if product is not None:  # x_values are the product's (wrapped) values: x is drawn as their preimage
+        product["w"] = x_values
+        x_tensor = _product_preimage(c, product, x_values, dx)
+    else:
+        x_tensor = x_values.to(dx)
+    x = b.arg("x", x_tensor)
+    b.models[x] = Model(x_tensor.double(), torch.zeros(shape, dtype=F64), dx)
     b.tag(f"dtype={str(dx).removeprefix('torch.')}")
     if dx in INTS:
         b.tag("integer logits")
 
     # the selections to make, decided first: they bound how many ties writes may create
     sel_count = 2 if c.flag(0.25) else 1
-    sels = [_selection_plan(c) for _ in range(sel_count)]
+    sels = [_selection_plan(c, plain_tail) for _ in range(sel_count)]
 
-    # (1) writes to x before anything reads it
-    if c.flag(0.2):
+    # (1) writes to x before anything reads it (not before an integer product: see the module docstring)
+    if c.flag(0.2) and product is None:
         _write_logits(b, x, sels, log, phase="before")
 
-    # (2) s: views, casts and temperature, in a random order
+    # (2) s: an integer product first, then views, casts and temperature, in a random order
     s = x
+    if product is not None:
+        s = _integer_product(b, x, x_tensor, product)
     steps = []
     if c.flag(0.25):
         steps.append("view")
@@ -375,6 +416,8 @@ def generate(c: Chooser, disabled: frozenset[str] | None = None) -> SelectionPro
         steps.append("cast")
     steps += ["temp"] * len(temp["steps"])
     order = c.permutation(len(steps))
+    if product is not None and (plain_tail or c.flag(0.5)):  # the temperature right on the product (a cast of an integer stops the walk back)
+        order.sort(key=lambda position: steps[position] != "temp")
     temp_steps = iter(temp["steps"])
     for position in order:
         step = steps[position]
@@ -392,7 +435,7 @@ def generate(c: Chooser, disabled: frozenset[str] | None = None) -> SelectionPro
         b.tag("temperature=positive")
 
     # (3) writes to x between reading it into s and the softmax
-    if c.flag(0.25) and "logits_write" not in disabled:
+    if c.flag(0.25) and "logits_write" not in disabled and not plain_tail:
         _write_logits(b, x, sels, log, phase="between")
 
     # (4) the softmax
@@ -404,7 +447,7 @@ def generate(c: Chooser, disabled: frozenset[str] | None = None) -> SelectionPro
     tip, tip_dim, hazards_between = probs, sm_dim, []
     aliases = [probs]
     clone_name = None
-    for _ in range(c.pick([0, 0, 1, 1, 2, 3])):
+    for _ in range(0 if plain_tail else c.pick([0, 0, 1, 1, 2, 3])):
         what = c.pick(["write_probs", "write_probs", "write_x", "cast", "view", "clone"])
         if what == "write_probs" and "probs_write" in disabled:
             what = "clone"
@@ -445,7 +488,7 @@ def generate(c: Chooser, disabled: frozenset[str] | None = None) -> SelectionPro
     for group, plan in enumerate(sels):
         source, source_dim = (tip, tip_dim) if group == 0 or c.flag(0.5) else (probs, sm_dim)
         model = b.models[source]
-        same_dim = c.flag(0.85)
+        same_dim = plain_tail or c.flag(0.85)
         sel_dim = source_dim if same_dim else c.integer(0, model.v.dim() - 1)
         if sel_dim != source_dim:
             b.tag("selection dim differs")
@@ -490,17 +533,18 @@ def generate(c: Chooser, disabled: frozenset[str] | None = None) -> SelectionPro
 
 def _is_upcast(src: torch.dtype, dst: torch.dtype) -> bool:
     if not src.is_floating_point:
-        return True  # the generator's integer logits are small: exact in every float type
+        return True  # the generator's integer logits are small (an integer product's too): exact in every float type
     return src == dst or (torch.finfo(dst).bits > torch.finfo(src).bits and torch.finfo(dst).max >= torch.finfo(src).max)
 
 
-def _selection_plan(c: Chooser) -> dict:
-    kind = c.pick(["topk", "topk", "topk", "max", "argmax", "min", "argmin"])
+def _selection_plan(c: Chooser, plain: bool = False) -> dict:
+    """One selection to make; `plain`: a largest, sorted one (a form the rewrite takes)."""
+    kind = c.pick(["topk", "topk", "max", "argmax"] if plain else ["topk", "topk", "topk", "max", "argmax", "min", "argmin"])
     k = 1
     if kind == "topk":
         k = c.pick([1, 1, 2, 3, 4, 8])
-    largest = kind in ("max", "argmax") or (kind == "topk" and not c.flag(0.2))
-    return {"kind": kind, "k": k, "largest": largest, "sorted": not c.flag(0.2), "keepdim": c.flag(0.4)}
+    largest = kind in ("max", "argmax") or (kind == "topk" and (plain or not c.flag(0.2)))
+    return {"kind": kind, "k": k, "largest": largest, "sorted": plain or not c.flag(0.2), "keepdim": c.flag(0.4)}
 
 
 def _max_ties(sels: list[dict], size: int, extreme_low: bool) -> int:
@@ -534,8 +578,11 @@ def _write_logits(b: _Builder, x: str, sels: list[dict], log: bool, phase: str) 
     kind = c.pick(["neg", "neg", "double", "shift", "shift_out", "perm_add", "perm_add", "setitem", "mask_inf", "mask_fill", "leaky"])
     if m.dtype in NARROW_INTS:
         return
-    if not m.dtype.is_floating_point:  # what torch allows on integer logits, exactly
+    if not m.dtype.is_floating_point:  # what torch allows on integer logits, exactly (wrapping as torch does)
         kind = c.pick(["neg", "double", "perm_add"])
+        reach = float(m.v.abs().max()) + math.prod(shape) * _lattice_unit(m.v)  # bounds |p| of perm_add below
+        if kind == "perm_add" and reach > min(torch.iinfo(m.dtype).max, 2**53):  # x near its range's ends (a product's)
+            kind = "neg"
     b.tag(f"logits write {phase}")
     if kind == "leaky":
         _leaky_relu_(b, x, "logits write (in-place flag)")
@@ -550,11 +597,13 @@ def _write_logits(b: _Builder, x: str, sels: list[dict], log: bool, phase: str) 
             b.emit(c.pick([f"{x}.mul_(-1)", f"{x}.neg_()", f"{x} *= -1", f"{x}.view({shape_text}).neg_()", f"{x}.detach().mul_(-1)",
                            f"{x}[...].neg_()", f"{x}.reshape({shape_text}).mul_(-1)", f"{x}.unsqueeze(0)[0].neg_()"]))
             m.v.mul_(-1)
+            _wrap_(m)
             return
     if kind == "double":
         b.emit(c.pick([f"{x}.mul_(2)", f"{x} *= 2", f"torch.mul({x}, 2, out={x})"]))
         m.v.mul_(2)
         m.e.mul_(2)
+        _wrap_(m)
         m.round_()
         return
     if kind == "shift":
@@ -696,6 +745,93 @@ def _cast(b: _Builder, name: str, dtype: torch.dtype, stem: str) -> str:
     b.models[new] = m.cast(dtype)
     if not _is_upcast(m.dtype, dtype):
         b.tag("downcast")
+    return new
+
+
+def _product_plan(c: Chooser) -> dict:
+    """An integer product of the logits: a Python constant, or a tensor of factors (in x's dtype)."""
+    if c.flag(0.55):
+        f = c.pick(PRODUCT_FACTORS)
+        return {"kind": "const", "factors": [f], "even": f % 2 == 0}
+    factors = c.pick(PRODUCT_ROW_FACTORS)
+    return {"kind": "tensor", "factors": factors, "even": 2 in factors}
+
+
+def _wrap_int(value: int, dtype: torch.dtype) -> int:
+    """`value` wrapped around into the range of integer `dtype` (two's complement, as torch computes)."""
+    info = torch.iinfo(dtype)
+    return (value - info.min) % (1 << info.bits) + info.min
+
+
+def _wrap_(m: Model) -> None:
+    """Wrap an integer model's values around into its dtype's range, in place (exact below 2**53)."""
+    if not m.dtype.is_floating_point:
+        info = torch.iinfo(m.dtype)
+        m.v.copy_(torch.remainder(m.v - info.min, 2.0**info.bits) + info.min)
+
+
+def _product_preimage(c: Chooser, plan: dict, w: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """Integer logits x whose product with the plan's factors wraps around to `w` (float64 integers):
+    x * f == w mod 2**bits. An odd f has one preimage, w * f^-1 (spread over the whole range); f = 2 has
+    two, w / 2 and w / 2 + 2**(bits - 1) (in the signed range: near +-2**(bits - 1)), chosen per entry.
+    Decides the factors too (plan["tensor"], constant along plan["dim"], or one value of rank 0)."""
+    shape = tuple(w.shape)
+    if plan["kind"] == "tensor":
+        if c.flag(0.15):  # one factor, a rank-0 tensor
+            plan["dim"], f_shape = None, []
+        else:  # constant along one dim (a per-row factor when that is the softmax's dim)
+            plan["dim"] = c.integer(0, len(shape) - 1)
+            f_shape = list(shape)
+            f_shape[plan["dim"]] = 1
+        values = [c.pick(plan["factors"]) for _ in range(math.prod(f_shape))]
+        if c.flag(0.3):
+            values = [values[0]] * len(values)
+        plan["tensor"] = torch.tensor(values, dtype=torch.int64).reshape(f_shape)
+        factor = plan["tensor"].expand(shape)
+    else:
+        factor = torch.full(shape, plan["factors"][0], dtype=torch.int64)
+    mod = 1 << torch.iinfo(dtype).bits
+    xs = []
+    for wi, fi in zip(w.reshape(-1).tolist(), factor.reshape(-1).tolist()):
+        wi, fi = int(wi), _wrap_int(fi, dtype) % mod  # (uint8: -1 is stored as 255)
+        if fi % 2:
+            xi = wi * pow(fi, -1, mod)
+        else:
+            assert fi == 2 and wi % 2 == 0, (fi, wi)
+            xi = (wi % mod) // 2 + (mod // 2 if c.flag(0.5) else 0)
+        xs.append(_wrap_int(xi, dtype))
+    return torch.tensor(xs, dtype=torch.int64).reshape(shape).to(dtype)
+
+
+def _integer_product(b: _Builder, x: str, x_tensor: torch.Tensor, plan: dict) -> str:
+    """s = x * f in x's integer dtype (it may wrap around); the model is the wrapped integers, computed
+    from x's exact integers (Python ints), and must equal the lattice the generator drew (plan["w"])."""
+    c = b.c
+    dtype, shape = x_tensor.dtype, tuple(x_tensor.shape)
+    new = b.fresh("s")
+    if plan["kind"] == "const":
+        f = plan["factors"][0]
+        b.emit(f"{new} = " + c.pick([f"{x} * {f}", f"{f} * {x}", f"{x}.mul({f})", f"torch.mul({x}, {f})", f"{x}.clone().mul_({f})"]))
+        factor = torch.full(shape, f, dtype=torch.int64)
+        b.tag("integer product (constant)")
+    else:
+        t = plan["tensor"]
+        first = int(t.reshape(-1)[0])
+        if plan["dim"] == len(shape) - 1 and bool((t == first).all()) and first > 0 and c.flag(0.3):
+            b.emit(f"{new} = {x} * torch.full_like({x}[..., :1], {first})")
+        else:
+            name = b.arg("f", t.to(dtype))
+            b.emit(f"{new} = " + c.pick([f"{x} * {name}", f"{name} * {x}", f"{x}.mul({name})", f"torch.mul({x}, {name})", f"torch.mul({name}, {x})"]))
+        factor = t.expand(shape)
+        b.tag("integer product (tensor)")
+    products = [int(xi) * _wrap_int(int(fi), dtype) for xi, fi in zip(x_tensor.reshape(-1).tolist(), factor.reshape(-1).tolist())]
+    wrapped = [_wrap_int(p, dtype) for p in products]
+    v = torch.tensor(wrapped, dtype=F64).reshape(shape)
+    if not torch.equal(v, plan["w"]):
+        raise AssertionError(f"generator error: {x} * f does not wrap to the drawn lattice")
+    b.models[new] = Model(v, torch.zeros(shape, dtype=F64), dtype)
+    if products != wrapped:
+        b.tag("integer product wraps")
     return new
 
 
