@@ -126,8 +126,9 @@ def obstacles(gm: torch.fx.GraphModule, *, allow_dynamic: bool) -> list[DraftCap
         # Dynamo adds the sizes as inputs of their own ("x.size()[0]"): show the first input used on a line.
         located = next((node for node in dynamic if _first_use(node)), dynamic[0])
         found.append(CudagraphSkipError(
-            f"dynamic shape: input(s) {', '.join(repr(input_name(n)) for n in dynamic)} are symbolic: every new size "
-            "re-records the CUDA graph, and Inductor skips CUDA graphs for data-dependent sizes",
+            f"dynamic shape: input(s) {', '.join(repr(input_name(n)) for n in dynamic)} are symbolic (an argument marked "
+            "with torch._dynamo.mark_dynamic, say): every new size re-records the CUDA graph, and Inductor skips CUDA "
+            "graphs for data-dependent sizes",
             where=_first_use(located),
             fix="keep shapes fixed across calls (pad to a few fixed batch sizes), or pass dynamic=True to "
             "draft_loop if one compile for every size is what you want (its CUDA graph is recorded again at each change of size)",
