@@ -174,6 +174,42 @@ def test_draft_graphs_of_a_draft_loop_uses_its_options_and_parameter_names():
     assert "probabilities 1" not in draft_graphs(draft_loop(_select, options={"probs": "ones"}), logits, options={}).report
 
 
+def test_explain_of_a_module_traces_its_hooks_and_a_dispatch_mode_is_the_caller_s():
+    """explain(module) traced forward alone, so a hook's print that draft_loop(module) raises for was not
+    seen ("one captured region"); under a TorchDispatchMode explain named the draft's def line, not the
+    call, and left Dynamo's automatic dynamic shapes off for the process (helper-72)."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    class Head(torch.nn.Module):
+        def forward(self, x):
+            return torch.softmax(x, -1).topk(1, -1)
+
+    head, x = Head(), torch.randn(2, 8)
+    head.register_forward_hook(lambda module, args, out: print("drafted"))
+    with pytest.raises(GraphBreakError) as raised:
+        draft_loop(head)(x)
+    found = explain(head, x)
+    assert not found.one_region and [type(o) for o in found.obstacles] == [GraphBreakError]
+    assert found.obstacles[0].where == raised.value.where
+
+    class Passing(TorchDispatchMode):
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            return func(*args, **(kwargs or {}))
+
+    settings = (torch._dynamo.config.automatic_dynamic_shapes, torch._dynamo.config.assume_static_by_default)
+    with Passing():
+        found = explain(_select, x)  # <- under a mode
+    assert "torch.compile skipped the draft" in found.obstacles[0].cause and found.obstacles[0].where.endswith(_line_of("under a mode"))
+    assert (torch._dynamo.config.automatic_dynamic_shapes, torch._dynamo.config.assume_static_by_default) == settings
+
+
+def _line_of(marker: str) -> str:
+    for number, text in enumerate(Path(__file__).read_text().splitlines(), start=1):
+        if text.rstrip().endswith(f"# <- {marker}"):
+            return f"test_explain.py:{number}"
+    raise AssertionError(marker)
+
+
 def _reads_a_length_each_step(logits, lengths):
     out = []
     for _ in range(3):

@@ -56,7 +56,6 @@ from typing import Any
 
 import torch
 from torch._dynamo import eval_frame as _eval_frame
-from torch.utils._python_dispatch import any_torch_dispatch_mode_on_stack
 
 from draftfuse.graph.values import input_name, user_frame
 from draftfuse.options import Options
@@ -68,8 +67,7 @@ from draftfuse.runtime.methods import AsMethod
 from draftfuse.runtime.pipeline import CompileRecord, lower, prepare
 from draftfuse.runtime.recorder import GraphRecorder, log
 from draftfuse.runtime.replay import IDENTITY_GUARD, Replay, warn_no_fast_replay
-from draftfuse.runtime.tracing import capture_error, own_code
-from draftfuse.runtime.translate import skipped_error
+from draftfuse.runtime.tracing import caller_location, capture_error, own_code, refuse_dispatch_modes, shape_settings
 
 _CPU_WARNING = (
     "draftfuse: draft {name!r} runs on the CPU: it is compiled, but CUDA graphs need a CUDA device, "
@@ -190,8 +188,7 @@ class DraftLoop(AsMethod):
             _eval_frame.reset_code(code)
 
     def _call_through_dynamo(self, args: tuple, kwargs: dict) -> Any:
-        if any_torch_dispatch_mode_on_stack():  # Dynamo's own test for skipping a frame: torch 2.11 runs it eagerly, silently
-            raise skipped_error("non-infra torch dispatch mode present", _caller_location()).with_traceback(None)
+        refuse_dispatch_modes()
         self._current_call = (args, kwargs)
         entry_run = self._entry_to_run(args, kwargs)  # before the call: the draft may change what guards read
         try:
@@ -202,14 +199,14 @@ class DraftLoop(AsMethod):
             # torch 2.11-2.13 can fail a compile under inference_mode leaving its dispatch keys set (every
             # later op then fails an internal assert): the keys this thread had are put back, whatever happens
             with span, raised, torch._C._PreserveDispatchKeyGuard(), torch.no_grad():
-                shapes = _shape_settings()
+                shapes = shape_settings()
                 try:
                     out = self._compiled(*args, **kwargs)
                 except BaseException as exc:
                     # a mode guard torch left alive in a frame restores its stale state when freed: at once, here
                     # (no state shows it until then), then the guards above put back the caller's
                     _release_frames(exc)
-                    _shape_settings(shapes)
+                    shape_settings(shapes)
                     raise
         except Exception as exc:
             self._forget_call()
@@ -218,7 +215,7 @@ class DraftLoop(AsMethod):
                 raise
             error, cause = translated
             if not error.where:  # raised about the call itself (its arguments): point at the caller
-                error = type(error)(error.cause, where=_caller_location(), fix=error.fix)
+                error = type(error)(error.cause, where=caller_location(), fix=error.fix)
             raise error.with_traceback(None) from cause
         finally:
             self._current_call = None
@@ -373,19 +370,6 @@ class DraftLoop(AsMethod):
         return checks.describe_arguments(bound.arguments)
 
 
-_SHAPE_SETTINGS = ("automatic_dynamic_shapes", "assume_static_by_default")
-
-
-def _shape_settings(values: tuple[bool, ...] | None = None) -> tuple[bool, ...]:
-    """Dynamo's two settings that torch.compile(dynamic=...) patches for the call (read; with `values`, set
-    back). torch 2.13 leaves its patch in place when Dynamo skips the draft's frame (under a
-    TorchDispatchMode): every later compile in the process then had automatic dynamic shapes off."""
-    if values is not None:
-        for name, value in zip(_SHAPE_SETTINGS, values):
-            setattr(torch._dynamo.config, name, value)
-    return tuple(getattr(torch._dynamo.config, name) for name in _SHAPE_SETTINGS)
-
-
 def _release_frames(exc: BaseException) -> None:
     """Clear the locals of the frames in `exc`'s tracebacks (its causes' too). A compile that failed under
     inference_mode can leave torch's own mode guards alive in those frames (torch 2.11-2.13); freed when the
@@ -422,12 +406,6 @@ def _passes(entry: Any, f_locals: dict[str, Any] | None) -> bool:
         return f_locals is not None and bool(entry.guard_manager.check(f_locals))
     except Exception:
         return False
-
-
-def _caller_location() -> str:
-    """file:line of the innermost frame outside draftfuse (the user's call of the draft)."""
-    frame, _ = user_frame()
-    return f"{frame.f_code.co_filename}:{frame.f_lineno}" if frame is not None else ""
 
 
 def _translating_capture_errors(recorder: GraphRecorder) -> Callable[..., Any]:

@@ -244,9 +244,12 @@ def _seed_then_loop(seed: Callable[..., Any], loop: Callable[..., Any], *args: A
 def as_compiled(fn: Callable[..., Any], args: tuple) -> tuple[Callable[..., Any], Options, bool | None, tuple]:
     """What a draft_loop or fold compiles for `fn` (the function, its options and dynamic setting) and the
     arguments it is called with (a method's draft puts its instance first); the default options and
-    static shapes for a plain function. explain and draftfuse.testing trace drafts through it."""
+    static shapes for a plain function (a module: its call, hooks included). explain and draftfuse.testing
+    trace drafts through it."""
     if isinstance(fn, FoldedDraft):
         fn = fn.draft
     if isinstance(fn, DraftLoop):
         return fn._fn, fn._options, fn._dynamic, args if fn._instance is None else (fn._instance, *args)
+    if isinstance(fn, torch.nn.Module):  # its call, hooks included, as draft_loop(module) compiles it
+        return type(fn).__call__, Options(), False, (fn, *args)
     return fn, Options(), False, args

@@ -11,8 +11,9 @@ from collections.abc import Callable
 from typing import Any
 
 import torch
+from torch.utils._python_dispatch import any_torch_dispatch_mode_on_stack
 
-from draftfuse.graph.values import user_location
+from draftfuse.graph.values import user_frame, user_location
 from draftfuse.runtime import checks, translate
 from draftfuse.runtime.errors import DraftCaptureError
 
@@ -61,6 +62,8 @@ def trace_before_break(fn: Callable[..., Any], dynamic: bool | None, args: tuple
     first traced op, where that op is past a break; its code is a copy, so the draft's cache is untouched.
     A host read (`.item()`, `int(t)`) is traced into the graph, as under fullgraph, so the graph holds it
     when what breaks is a decision on its value."""
+    if any_torch_dispatch_mode_on_stack():
+        return  # Dynamo would skip the frame, and the draft would run
     try:
         with torch.no_grad(), torch._dynamo.config.patch(capture_scalar_outputs=True):
             torch.compile(own_code(fn), dynamic=dynamic, backend=backend)(*args, **kwargs)
@@ -85,10 +88,38 @@ def first_data_dependent(fn: Callable[..., Any], dynamic: bool | None, args: tup
     return ""
 
 
+_SHAPE_SETTINGS = ("automatic_dynamic_shapes", "assume_static_by_default")
+
+
+def shape_settings(values: tuple[bool, ...] | None = None) -> tuple[bool, ...]:
+    """Dynamo's two settings that torch.compile(dynamic=...) patches for the call (read; with `values`, set
+    back). torch 2.13 leaves its patch in place when Dynamo skips the draft's frame (under a
+    TorchDispatchMode): every later compile in the process then had automatic dynamic shapes off."""
+    if values is not None:
+        for name, value in zip(_SHAPE_SETTINGS, values):
+            setattr(torch._dynamo.config, name, value)
+    return tuple(getattr(torch._dynamo.config, name) for name in _SHAPE_SETTINGS)
+
+
+def caller_location() -> str:
+    """file:line of the innermost frame outside draftfuse (the user's call of the draft)."""
+    frame, _ = user_frame()
+    return f"{frame.f_code.co_filename}:{frame.f_lineno}" if frame is not None else ""
+
+
+def refuse_dispatch_modes() -> None:
+    """Dynamo's own test for skipping a frame whole: under a TorchDispatchMode torch 2.11 runs the draft
+    eagerly, silently. Raised at the caller's line."""
+    if any_torch_dispatch_mode_on_stack():
+        raise translate.skipped_error("non-infra torch dispatch mode present", caller_location()).with_traceback(None)
+
+
 def trace_as_draft_loop(fn: Callable[..., Any], backend: Callable[..., Any], args: tuple, kwargs: dict, dynamic: bool | None = False) -> None:
     """Trace `fn(*args, **kwargs)` as draft_loop's compile does (its own code copy, fullgraph, no grad)
     into `backend`; a failure of the trace is raised as the DraftCaptureError draft_loop raises for it.
     A backend that raises _Captured ends the trace there: nothing of the draft runs."""
+    refuse_dispatch_modes()
+    shapes = shape_settings()
     try:
         with torch.no_grad():
             torch.compile(own_code(fn), fullgraph=True, dynamic=dynamic, backend=backend)(*args, **kwargs)
@@ -100,6 +131,8 @@ def trace_as_draft_loop(fn: Callable[..., Any], backend: Callable[..., Any], arg
             raise
         error, cause = translated
         raise error.with_traceback(None) from cause
+    finally:
+        shape_settings(shapes)
 
 
 def capture_error(exc: Exception, fn: Callable[..., Any], dynamic: bool | None, args: tuple, kwargs: dict) -> tuple[DraftCaptureError, Exception | None] | None:
