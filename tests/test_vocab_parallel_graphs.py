@@ -499,7 +499,7 @@ class Refusals(_FakeGroup):
 
         self.assertExpectedInline(self.refusal(temperature, X, torch.tensor(0.7)), """\
 [vocab_parallel] 0 rewrites, 1 refusal
-  tests/test_vocab_parallel_graphs.py:495: refused: temperature l_t_ is a tensor: not localised (softmax_topk selects on the gathered logits) [argmax]""")
+  tests/test_vocab_parallel_graphs.py:495: refused: temperature l_t_ is a tensor (it may differ by rank): not localised, the selection stays on the gathered logits [argmax]""")
         self.assertExpectedInline(self.refusal(half, X, half_probs="keep"), """\
 [vocab_parallel] 0 rewrites, 1 refusal
   tests/test_vocab_parallel_graphs.py:498: refused: reads half-precision probabilities and half_probs="keep" [topk]""")

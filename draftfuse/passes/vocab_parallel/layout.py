@@ -30,7 +30,7 @@ from typing import Any
 import torch
 
 from draftfuse.graph.selection import bind
-from draftfuse.graph.values import Node, fake, fake_tensor, normalise_dim, target_key
+from draftfuse.graph.values import Node, fake, fake_tensor, made_by, normalise_dim, target_key
 from draftfuse.passes.driver import Refuse
 from draftfuse.passes.softmax_topk.forms import as_cast, is_upcast
 from draftfuse.passes.vocab_parallel.gather import Gather
@@ -196,7 +196,8 @@ def _not_understood(node: Node, reader: str) -> Refuse:
     key = target_key(node)
     if key in _MASKS:
         return Refuse(f"a padded vocabulary without a known mask: {node.name} masks the gathered logits with a tensor")
-    return Refuse(f"{node.name} ({getattr(key, '__name__', key)}) between the gather and the {reader} is not understood")
+    maker = f", made by {made_by(node)}" if made_by(node) else ""  # softmax_topk's x * sign(t), say
+    return Refuse(f"{node.name} ({getattr(key, '__name__', key)}{maker}) between the gather and the {reader} is not understood")
 
 
 def _step(node: Node, states: dict[Node, Any], tp: int, reader: str) -> Any:

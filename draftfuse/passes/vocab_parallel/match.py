@@ -192,7 +192,7 @@ def match(sel: Selection, level: str, effects: Effects, half_probs: str = "rewri
     if m.half and half_probs == "keep":
         raise Refuse('reads half-precision probabilities and half_probs="keep"')
     if m.tensor_scale is not None:
-        raise Refuse(f"temperature {m.tensor_scale.node.name} is a tensor: not localised (softmax_topk selects on the gathered logits)")
+        raise Refuse(f"temperature {m.tensor_scale.node.name} is a tensor (it may differ by rank): not localised, the selection stays on the gathered logits")
     if m.needs_grad:
         # the localised gather's backward need not be the original's (DTensor's full_tensor() takes the local
         # slice of the gradient, a gather's backward sums over the ranks: tp times eager's gradient)
