@@ -583,3 +583,18 @@ def test_malformed_options_are_value_errors(options, message):
 
     with pytest.raises(ValueError, match=message):
         Options.parse(None, options)
+
+
+def test_probs_ones_says_when_the_probabilities_are_read_elsewhere():
+    """probs="ones" is the caller's promise that no result depends on the k = 1 values; where the pass sees
+    the probabilities read elsewhere (a mask p >= v), the report says the constant was used anyway (helper-75)."""
+
+    def draft(x):
+        probs = torch.softmax(x, -1)
+        values, index = probs.topk(1, -1)
+        return (probs >= values).sum(-1), index
+
+    rec = backend.Backend(Options.parse(None, {"probs": "ones"}))
+    torch.compile(draft, backend=rec, fullgraph=True)(torch.randn(3, 9))
+    text = "\n".join(r.format() for c in rec.compiles for r in c.reports)
+    assert "probs='ones', though the probabilities are read elsewhere" in text, text

@@ -257,7 +257,8 @@ def _apply(m: Match, parts: SoftmaxParts, probs: str, lowering: str, erased: set
         source = "the kernel" if rule.endswith(("argmax_prob", "topk_prob")) else "the exp-sum"
         source = "the probability tensor, read elsewhere too" if parts.read_elsewhere else source
         kind = "log-probabilities" if m.log else "probabilities"
-        details.append(f"{kind} {0 if m.log else 1} (probs='ones')" if ones else f"{kind} from {source}")
+        read = ", though the probabilities are read elsewhere" if ones and parts.read_elsewhere else ""
+        details.append(f"{kind} {0 if m.log else 1} (probs='ones'{read})" if ones else f"{kind} from {source}")
     if why_not:
         details.append(f"not the kernels: {why_not}")
     if m.half:
