@@ -443,6 +443,27 @@ def test_wide_logits_are_ranked_in_their_own_precision():
     assert torch.ops.draftfuse.topk_prob(torch.tensor([[2**60, 2**60 + 1, 0]]), 2)[1].tolist() == [[1, 0]]
 
 
+def test_scaled_integer_logits_keep_their_exact_order_and_unsupported_logits_are_refused():
+    """With a scale, integer logits were ordered as float64 x * sign: int64 past 2**53 tied, and the lower
+    index won. uint64 of 2**63 wrapped negative in the unscaled order, and complex logits were ordered by
+    their truncated real part: torch.topk takes neither, and now neither do the ops (helper-74)."""
+    x = torch.tensor([[2**53, 2**53 + 1, 5, 2**62, 2**62 + 1]])
+    for scale in (torch.tensor([1.0]), torch.tensor(0.5)):
+        assert torch.ops.draftfuse.topk_prob(x, 2, False, scale)[1].tolist() == [[4, 3]]
+        assert torch.ops.draftfuse.argmax_prob(x, False, scale)[0].tolist() == [4]
+    assert torch.ops.draftfuse.topk_prob(x, 2, False, torch.tensor([-1.0]))[1].tolist() == [[2, 0]]  # ~x: no wrap
+    low = torch.tensor([[-(2**63), 0, 2**63 - 1]])
+    assert torch.ops.draftfuse.topk_prob(low, 3, False, torch.tensor([-1.0]))[1].tolist() == [[0, 1, 2]]
+    prob, index = torch.ops.draftfuse.topk_prob(x, 3, False, torch.tensor([float("nan")]))
+    assert index.tolist() == [[0, 1, 2]] and prob.isnan().all()  # a NaN scale ties all, as for floats
+    for bad in (torch.tensor([[2**63, 1, 5]], dtype=torch.uint64), torch.tensor([[0.3 + 0j, 0.7 + 0j]]),
+                torch.eye(3).to_sparse()):
+        with pytest.raises(ValueError, match="pass a dense tensor of a floating-point, bool or int8-int64 dtype"):
+            torch.ops.draftfuse.topk_prob(bad, 1)
+        with pytest.raises(ValueError, match="argmax_prob: logits of dtype"):
+            torch.ops.draftfuse.argmax_prob(bad)
+
+
 def test_fake_implementations_raise_what_the_ops_raise():
     """Under tracing (FakeTensorMode, the meta kernels) the ops check k and the scale as they do when run."""
     from torch._subclasses.fake_tensor import FakeTensorMode

@@ -23,7 +23,9 @@ are exactly the unscaled ones.
 Both reduce over the last dim and compute probabilities in float32 from the logits (the caller
 casts). A row whose max (of y) is NaN or +-inf gets NaN probabilities, as softmax in float32 does;
 its index is torch's (the first NaN, else the first +inf; 0 for a row of -inf). k must be in
-1..vocab (ValueError otherwise, where torch.topk raises a RuntimeError). On CUDA with Triton
+1..vocab (ValueError otherwise, where torch.topk raises a RuntimeError). Logits: dense, of a
+floating-point, bool, uint8 or int8..int64 dtype, as torch.topk takes (ValueError for others: uint16-64,
+complex, float8, sparse); integer logits are ordered exactly, scaled or not. On CUDA with Triton
 installed, fp32/fp16/bf16 logits and k <= 16 run one Triton kernel launch that reads the logits once
 (_triton_argmax.py for k = 1, _triton_selection.py for k > 1, launched by _triton_launch.py); everything
 else runs the torch reference below. The ops
@@ -87,7 +89,16 @@ def capturing_with(workspace: Any) -> contextlib.AbstractContextManager:
     return launch.capturing_with(workspace) if launch is not None and workspace is not None else contextlib.nullcontext()
 
 
+# what torch.topk selects on (its CPU and CUDA kernels), bool besides: not uint16/32/64, complex or float8
+_LOGIT_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64, torch.bool, torch.uint8, torch.int8,
+                 torch.int16, torch.int32, torch.int64)
+
+
 def _check_k(logits: torch.Tensor, k: int, op: str = "topk_prob") -> None:
+    """ValueError for logits the ops do not take (their dtype, a sparse layout, 0-d) or a k out of range."""
+    if logits.dtype not in _LOGIT_DTYPES or logits.layout != torch.strided:
+        raise ValueError(f"{op}: logits of dtype {logits.dtype} and layout {logits.layout}: pass a dense tensor of "
+                         "a floating-point, bool or int8-int64 dtype (uint8 too), as torch.topk takes")
     if logits.dim() == 0 or not 1 <= k <= logits.shape[-1]:
         raise ValueError(f"{op}: k={k} out of range for logits of shape {tuple(logits.shape)}")
 
@@ -118,6 +129,11 @@ def _scaled(logits: torch.Tensor, scale: torch.Tensor | None) -> tuple[torch.Ten
     check_scale(logits, scale)
     s = scale.float().unsqueeze(-1) if scale.dim() else scale.float()  # broadcasts against the logits
     sign = torch.where(s.isnan(), s, torch.sign(s))  # torch.sign(nan) is 0; here a NaN scale makes all NaN
+    if not logits.dtype.is_floating_point:
+        # integers exactly (float64 rounds int64 above 2**53): ~x = -x - 1 reverses the order, never wraps; a
+        # NaN scale ties all (indices 0..k-1, as all-NaN rows order), and y is NaN, as are the probabilities
+        whole = logits.long()
+        return x * s, torch.where(sign > 0, whole, torch.where(sign < 0, ~whole, torch.zeros_like(whole)))
     return x * s, wide * sign
 
 
