@@ -1321,3 +1321,26 @@ class SeedFoldRegions(TestCase):
         result = fold_seed(gm)
         self.assertEqual(result.graph_module.code, gm.code)
         self.assertFalse(any("internal error" in n for n in result.report.notes), result.report.notes)
+
+
+_E, _W = torch.randn(16, 8), torch.randn(16, 8)
+
+
+def _fills_a_buffer_from_its_input(h, tok):
+    buf = torch.zeros(2, 1, dtype=torch.long)
+    buf.copy_(tok)
+    h = torch.tanh(_E[buf.squeeze(-1)] + h)
+    i1 = torch.softmax(h @ _W.t(), -1).max(-1, keepdim=True)[1]
+    h = torch.tanh(_E[i1.squeeze(-1)] + h)
+    i2 = torch.softmax(h @ _W.t(), -1).max(-1, keepdim=True)[1]
+    return buf[:, :1], i1, i2
+
+
+def test_a_kept_buffer_is_named_as_the_user_wrote_it():
+    """The refusal named the input by Dynamo's placeholder (l_tok_) and said the buffer is returned when only
+    a view of it is (helper-75)."""
+    from tests._graphs import dynamo_graph
+
+    gm = dynamo_graph(_fills_a_buffer_from_its_input, torch.randn(2, 8), torch.tensor([[1], [2]]))
+    text = fold_seed(gm).report.format()
+    assert "buf filled from tok kept: buf (or a view of it) is returned and tok is an input" in text, text

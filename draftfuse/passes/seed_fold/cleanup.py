@@ -149,7 +149,7 @@ def remove_round_trips(graph: torch.fx.Graph, effects: Effects, report: PassRepo
         if effects.writers([origin], host) or effects.written_after(host) or effects.written_after(back):
             reason = "a tensor of the round trip is written in place after the copy"
         elif effects.would_alias(back, origin):
-            reason = f"{back.name} is returned and {origin.name} is an input or an output: they would share memory"
+            reason = f"{back.name} (or a view of it) is returned and {_shown(origin)} is an input or an output: they would share memory"
         if reason:
             report.refuse(back, f"host round trip {origin.name} -> {host.name} -> {back.name} kept: {reason}")
             continue
@@ -284,7 +284,7 @@ def forward_buffers(graph: torch.fx.Graph, effects: Effects, regions: Regions, r
             continue  # overwriting a computed tensor or a view is real work
         reason = why_not_forward(effects, buffer, source, fill, caller is not None)
         if reason:
-            report.refuse(fill, f"{buffer.name} filled from {source.name} kept: {reason}")
+            report.refuse(fill, f"{buffer.name} filled from {_shown(source)} kept: {reason}")
             continue
         replacement = source
         if fake_tensor(source).dtype != fake_tensor(buffer).dtype:  # copy_ converts, as .to does
@@ -344,5 +344,10 @@ def why_not_forward(effects: Effects, buffer: Node, source: Node, fill: Node, ca
     if caller_buffer and effects.memory(buffer) & effects.returned_memory():
         return f"{buffer.name} is returned: the caller reads it after the draft"
     if effects.would_alias(buffer, source):
-        return f"{buffer.name} is returned and {source.name} is an input or an output: they would share memory"
+        return f"{buffer.name} (or a view of it) is returned and {_shown(source)} is an input or an output: they would share memory"
     return None
+
+
+def _shown(node: Node) -> str:
+    """A node as the user knows it: an input by its own name (tok, not Dynamo's l_tok_)."""
+    return input_name(node) if node.op == "placeholder" else node.name
