@@ -23,8 +23,8 @@ shows the value after the write). Random ops stay ATen ops in `post_grad`, as wi
 `fallback_random`.
 The draft runs once (its in-place writes happen, as in any call); `options` are draftfuse's options
 (the backend's keys); for a `draft_loop` or `fold` draft they default to the draft's own, and its
-function is traced (graph inputs named after its parameters). Shapes and ints are static unless marked dynamic (torch._dynamo.mark_dynamic):
-a graph does not depend on the arguments of an earlier call.
+function is traced (graph inputs named after its parameters). Shapes and ints are static unless marked
+dynamic (torch._dynamo.mark_dynamic): a graph does not depend on the arguments of an earlier call.
 """
 
 from __future__ import annotations

@@ -94,7 +94,7 @@ _LOGIT_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64, to
                  torch.int16, torch.int32, torch.int64)
 
 
-def _check_k(logits: torch.Tensor, k: int, op: str = "topk_prob") -> None:
+def _check_logits(logits: torch.Tensor, k: int, op: str = "topk_prob") -> None:
     """ValueError for logits the ops do not take (their dtype, a sparse layout, 0-d) or a k out of range."""
     if logits.dtype not in _LOGIT_DTYPES or logits.layout != torch.strided:
         raise ValueError(f"{op}: logits of dtype {logits.dtype} and layout {logits.layout}: pass a dense tensor of "
@@ -123,18 +123,20 @@ def _scaled(logits: torch.Tensor, scale: torch.Tensor | None) -> tuple[torch.Ten
     the exact order of x * s: x * sign(s) (sign(0) = 0: all tie; NaN where x is, and everywhere for a
     NaN scale)."""
     x = logits.float()  # the order of 16- and 32-bit floats, exactly (torch's CUDA sort misplaces NaN in bfloat16)
-    wide = x if logits.dtype in (torch.float16, torch.bfloat16, torch.float32) else logits.double()  # float64, ints
+    if not logits.dtype.is_floating_point:
+        exact = logits.long()  # integers as they are (float64 would round int64 above 2**53)
+    else:
+        exact = x if logits.dtype in (torch.float16, torch.bfloat16, torch.float32) else logits.double()
     if scale is None:
-        return x, logits.long() if not logits.dtype.is_floating_point else wide  # int64 above 2**53: as they are
+        return x, exact
     check_scale(logits, scale)
     s = scale.float().unsqueeze(-1) if scale.dim() else scale.float()  # broadcasts against the logits
     sign = torch.where(s.isnan(), s, torch.sign(s))  # torch.sign(nan) is 0; here a NaN scale makes all NaN
-    if not logits.dtype.is_floating_point:
-        # integers exactly (float64 rounds int64 above 2**53): ~x = -x - 1 reverses the order, never wraps; a
-        # NaN scale ties all (indices 0..k-1, as all-NaN rows order), and y is NaN, as are the probabilities
-        whole = logits.long()
-        return x * s, torch.where(sign > 0, whole, torch.where(sign < 0, ~whole, torch.zeros_like(whole)))
-    return x * s, wide * sign
+    if logits.dtype.is_floating_point:
+        return x * s, exact * sign
+    # integers: ~x = -x - 1 reverses the order and never wraps; a NaN scale ties all (indices 0..k-1, as
+    # all-NaN rows order), and y is NaN, as are the probabilities
+    return x * s, torch.where(sign > 0, exact, torch.where(sign < 0, ~exact, torch.zeros_like(exact)))
 
 
 def _descending_order(order: torch.Tensor) -> torch.Tensor:
@@ -157,7 +159,7 @@ def argmax_prob_reference(
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """The definition of argmax_prob in torch (its CPU implementation and the kernels' test oracle).
     The selected element has the row's largest y, so its probability is 1 / sum(exp(y - max))."""
-    _check_k(logits, 1, "argmax_prob")  # 0-d logits: no vocab to select from
+    _check_logits(logits, 1, "argmax_prob")  # 0-d logits: no vocab to select from
     y, order = _scaled(logits, scale)
     _, row_sum = _row_max_and_sum(y)
     row_sum = row_sum.squeeze(-1)
@@ -169,7 +171,7 @@ def topk_prob_reference(
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """The definition of topk_prob in torch. A stable sort, because torch.topk orders equal values
     arbitrarily (on CPU too) and the kernels promise the lower index first."""
-    _check_k(logits, k)
+    _check_logits(logits, k)
     y, order = _scaled(logits, scale)
     index = _descending_order(order)[..., :k].contiguous()
     values = y.gather(-1, index)
@@ -226,7 +228,7 @@ def _argmax_prob_cuda(
 def _argmax_prob_fake(
     logits: torch.Tensor, log: bool = False, scale: torch.Tensor | None = None
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    _check_k(logits, 1, "argmax_prob")  # as the real op: errors at trace time, not at run time
+    _check_logits(logits, 1, "argmax_prob")  # as the real op: errors at trace time, not at run time
     check_scale(logits, scale)
     shape = logits.shape[:-1]
     return logits.new_empty(shape, dtype=torch.int64), logits.new_empty(shape, dtype=torch.float32)
@@ -258,7 +260,7 @@ def _topk_prob_cuda(
 def _topk_prob_fake(
     logits: torch.Tensor, k: int, log: bool = False, scale: torch.Tensor | None = None
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    _check_k(logits, k)
+    _check_logits(logits, k)
     check_scale(logits, scale)
     shape = (*logits.shape[:-1], k)
     return logits.new_empty(shape, dtype=torch.float32), logits.new_empty(shape, dtype=torch.int64)

@@ -155,13 +155,13 @@ def _dtensor(node: Node) -> Gather | None:
     nodes = [node]
     redistribute = node.args[0] if node.args else None
     if not (isinstance(redistribute, Node) and redistribute.op == "call_method" and redistribute.target == "redistribute"):
+        if node.target == "to_local":
+            return None
         redistribute = None
     bound = bind(redistribute, ("self", "device_mesh", "placements", "async_op")) if redistribute is not None else None
     placements = bound.get("placements") if bound else None
     replicated = isinstance(placements, (list, tuple)) and all(type(p).__name__ == "Replicate" for p in placements)
-    if node.target == "to_local" and redistribute is None:
-        return None
-    if node.target == "to_local" or replicated:  # redistribute gathers; full_tensor() of its result is to_local()
+    if redistribute is not None and (node.target == "to_local" or replicated):  # full_tensor() of a replica: to_local()
         if not replicated:
             raise Refuse(f"{redistribute.name}: redistribute to {placements!r} is not a full replication")
         if len(redistribute.users) != 1:
