@@ -97,6 +97,33 @@ _selection("S6 (missed rewrite) a write before the logits are read blocks the re
            logits_written_before_any_read, {"x": X}, [INDEX], expected=1)
 
 
+# ---- softmax -> topk through the backend (bd66c8e): fp16/bf16 probabilities read beside the selection ----
+
+
+def half_probs_counted_against_values(x):
+    probs = torch.log_softmax(x.to(torch.bfloat16), -1)
+    v, i = torch.topk(probs, 2, -1)
+    return (v, i, (probs >= v.amin(-1, keepdim=True)).sum(-1))  # eager: 2 (the two kept)
+
+
+# rows of distinct values 1 apart (log-probabilities >= 16 bf16 ulps apart: no rounding ties)
+X_SPREAD = torch.stack([torch.randperm(6, generator=torch.Generator().manual_seed(row)) for row in range(7)]).float() * 1.0 - 2.5
+_selection("S7 bf16 probabilities read by a mask beside a rewritten topk: Inductor fused the softmax into the mask "
+           "and compared unrounded probabilities with the rounded values (counts of 1 where eager keeps 2)",
+           "bd66c8e", "backend", half_probs_counted_against_values, {"x": X_SPREAD},
+           [Out("value", group=0, log_scale=12.0, floor=torch.bfloat16), Out("index", group=0), Out("other")])
+
+
+def fp16_cast_counted_against_max(x):
+    q = torch.softmax(x, -1).to(torch.float16)
+    v, i = q.max(-1)
+    return (i, (q >= v.unsqueeze(-1)).sum(-1))  # eager: 1 (the max itself)
+
+
+_selection("S7b ... float32 probabilities cast to fp16 for the selection and the mask (counts of 0)", "bd66c8e", "backend",
+           fp16_cast_counted_against_max, {"x": X_SPREAD}, [INDEX, Out("other")])
+
+
 # ---- softmax -> topk, hand-written post-grad forms (make_fx; 9bc0763, fixed on ea7481a) ----
 
 
@@ -258,7 +285,8 @@ def run(name: str) -> Failure | None:
     elif isinstance(program, HandProgram):
         check, kwargs = selection.check_handwritten, {}
     else:
-        check = {"dynamo": selection.check_dynamo, "expect": selection.check_dynamo, "aten": selection.check_aten}[oracle]
+        check = {"dynamo": selection.check_dynamo, "expect": selection.check_dynamo, "aten": selection.check_aten,
+                 "backend": selection.check_backend}[oracle]
         kwargs = {"expect_rewrites": True} if oracle == "expect" else {}
     try:
         check(program, **kwargs)

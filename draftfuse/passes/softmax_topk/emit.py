@@ -27,8 +27,9 @@ def round_to(x: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     fused float32 -> fp16/bf16 cast when a reader in the same kernel upcasts again (its
     emulate_precision_casts setting, off by default), so a value the rewrite returns in bf16 and a
     reader's arithmetic on it (EAGLE adds parents' scores to the returned log-probabilities) would
-    disagree by an ulp; the original's topk returned a stored bf16 tensor, which they agree with."""
-    return x.to(dtype)
+    disagree by an ulp; the original's topk returned a stored bf16 tensor, which they agree with. Always a
+    new tensor (a copy where x has the dtype already): a custom op's output may not alias its input."""
+    return x.to(dtype, copy=True)
 
 
 @round_to.register_fake

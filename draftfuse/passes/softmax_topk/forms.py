@@ -49,6 +49,11 @@ _SCALES: dict[Any, Any] = {
 _COMMUTATIVE = {operator.mul, torch.mul, aten.mul.Tensor, aten.mul.Scalar}
 
 
+def _is_round_to(key: Any) -> bool:
+    """Whether `key` is draftfuse::round_to (emit.py): a cast this pass emits, exact like any other."""
+    return isinstance(key, torch._ops.OpOverload) and key._schema.name == "draftfuse::round_to"
+
+
 def as_cast(node: Node) -> tuple[Node, torch.dtype] | None:
     """(input, dtype) if `node` only converts a tensor's dtype."""
     key = target_key(node)
@@ -58,7 +63,7 @@ def as_cast(node: Node) -> tuple[Node, torch.dtype] | None:
         return node.args[0], node.args[1]
     if key == "to" and len(node.args) == 1 and set(node.kwargs) == {"dtype"}:
         return node.args[0], node.kwargs["dtype"]
-    if key is prims.convert_element_type.default:
+    if key is prims.convert_element_type.default or _is_round_to(key):
         return node.args[0], node.args[1]
     if key is aten._to_copy.default and len(node.args) == 1 and set(node.kwargs) == {"dtype"}:
         return node.args[0], node.kwargs["dtype"]

@@ -17,6 +17,7 @@ their max, `probs == probs.max(-1, keepdim=True).values`, would then find no max
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 from collections.abc import Callable
 
@@ -97,6 +98,30 @@ def _read_by_others(probs: Node, rewritten: Callable[[Selection], bool]) -> bool
         elif (sel := as_selection(user)) is None or not rewritten(sel):
             return True
     return False
+
+
+def _half_tensors(m: Match) -> list[Node]:
+    """The fp16/bf16 probability tensors on the way from the softmax to the selection that are tensors of
+    their own (the softmax's output, or a cast that changes the dtype; not a view, which shares memory)."""
+    casts = m.matched[1 : 1 + len(m.prob_casts)]  # Match.matched: the selection, its casts back to the softmax, ...
+    chain = [m.matched[1 + len(m.prob_casts)], *reversed(casts)]
+    return [n for n in chain if getattr(fake_tensor(n), "dtype", None) in HALF]
+
+
+def round_for_readers(half: Node, emitter_cls: type[Emitter]) -> None:
+    """Make every reader of `half` (fp16/bf16 probabilities that something besides a rewritten selection
+    reads) read it through `draftfuse::round_to`, which Inductor stores rounded. Without it, once the
+    selection no longer reads the probabilities, Inductor may fuse the softmax into those readers and
+    compute them from the unrounded float32 values, while the values the rewrite gathers are rounded:
+    `(probs >= values.amin(-1, keepdim=True)).sum(-1)` then counted fewer than the k entries eager keeps.
+    A cast is replaced by the same cast as round_to; the softmax's own fp16/bf16 output is copied (its
+    readers, in-place writes included, all go to the copy, so aliasing is as it was)."""
+    cast = as_cast(half)
+    source, dtype = cast if cast is not None else (half, fake_tensor(half).dtype)
+    rounded = emitter_cls(origin=half, cursor=half).call("round", source, dtype)
+    half.replace_all_uses_with(rounded, delete_user_cb=lambda user: user is not rounded)
+    if cast is not None:
+        half.graph.erase_node(half)
 
 
 def _gathered(m: Match, emit: Emitter, index: Node, dim_kept: bool) -> Node:
@@ -297,6 +322,7 @@ def rewrite_graph(graph: torch.fx.Graph, *, probs: str = "exact", lowering: str 
         )
         parts.emit.origin = sel.node
         start = parts.emit.cursor
+        half = _half_tensors(m) if parts.read_elsewhere and m.half else []
         try:
             rewrite = _apply(m, parts, probs, lowering, erased)
         except Exception:
@@ -304,6 +330,12 @@ def rewrite_graph(graph: torch.fx.Graph, *, probs: str = "exact", lowering: str 
             parts_by_softmax.pop(m.softmax.node, None)
             raise
         parts_by_softmax[m.softmax.node] = parts
+        rounded = [node for node in half if node not in erased and node.users]
+        for node in rounded:
+            round_for_readers(node, emitter_cls)
+        if rounded:
+            note = f"its other readers read the {str(m.read_dtype).removeprefix('torch.')} probabilities stored rounded (round_to)"
+            rewrite = dataclasses.replace(rewrite, detail=f"{rewrite.detail}; {note}")
         return rewrite
 
     rewrite_selections(graph, report, log, match_one, apply)
