@@ -648,3 +648,40 @@ class GraphModule(torch.nn.Module):
         result = rewrite_softmax_topk(dynamo_graph(f, X), lowering="kernels")
         self.assertNotIn("draftfuse", graph_text(result.graph_module))
         self.assertIn("values under a constant temperature", result.report.rewrites[0].detail)
+
+
+# rows of distinct values 1 apart: bf16 log-probabilities >= 16 ulps apart, no rounding ties
+X_SPREAD = torch.stack([torch.randperm(6, generator=torch.Generator().manual_seed(r)) for r in range(4)]).float() - 2.5
+
+
+def test_half_probabilities_read_beside_the_selection_are_read_rounded_and_aliases_kept():
+    """bf16 probabilities that a mask reads beside a rewritten topk are read through draftfuse::round_to
+    (stored rounded, as eager has them: Inductor fused unrounded ones into the mask, which then kept fewer
+    than k). The probabilities' own output is copied for its readers, a dtype-changing cast becomes
+    round_to, but `q = probs.to(probs.dtype)` is probs itself: a write through probs must reach q's readers
+    (a copy of q read it unwritten: counts of 2 where eager has 3)."""
+
+    def aliased(x, w):
+        probs = torch.log_softmax(x.to(torch.bfloat16), -1)
+        q = probs.to(torch.bfloat16)  # the same tensor
+        v, i = q.topk(2, -1)
+        probs.mul_(w)  # q is written too
+        return (v, i, (q >= v.amin(-1, keepdim=True)).sum(-1), q)
+
+    def cast(x):
+        q = torch.softmax(x, -1).to(torch.float16)
+        v, i = q.max(-1)
+        return (i, (q >= v.unsqueeze(-1)).sum(-1), q * 2)
+
+    result = rewrite_softmax_topk(dynamo_graph(cast, X_SPREAD))
+    text = graph_text(result.graph_module)
+    assert "draftfuse.round_to" in text and ".to(torch.float16)" not in text, text
+    assert "stored rounded (round_to)" in result.report.rewrites[0].detail
+    w = torch.full((4, 6), 0.5)
+    for fn, args in ((aliased, (X_SPREAD, w)), (cast, (X_SPREAD,))):
+        want = fn(*[a.clone() for a in args])
+        torch._dynamo.reset()
+        got = torch.compile(fn, backend="draftfuse")(*[a.clone() for a in args])
+        assert torch.equal(want[-2], got[-2]), (fn.__name__, want[-2], got[-2])  # the mask's counts
+        assert torch.equal(want[-1], got[-1]), fn.__name__
+        assert torch.equal(want[-3], got[-3]), fn.__name__  # indices

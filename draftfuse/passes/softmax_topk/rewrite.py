@@ -104,8 +104,13 @@ def _half_tensors(m: Match) -> list[Node]:
     """The fp16/bf16 probability tensors on the way from the softmax to the selection that are tensors of
     their own (the softmax's output, or a cast that changes the dtype; not a view, which shares memory)."""
     casts = m.matched[1 : 1 + len(m.prob_casts)]  # Match.matched: the selection, its casts back to the softmax, ...
-    chain = [m.matched[1 + len(m.prob_casts)], *reversed(casts)]
-    return [n for n in chain if getattr(fake_tensor(n), "dtype", None) in HALF]
+    own = [m.matched[1 + len(m.prob_casts)]]  # the softmax's output
+    own += [n for n in reversed(casts) if _dtype(as_cast(n)[0]) != _dtype(n)]  # not p.to(p.dtype), which is p itself
+    return [n for n in own if _dtype(n) in HALF]
+
+
+def _dtype(node: Node) -> torch.dtype | None:
+    return getattr(fake_tensor(node), "dtype", None)
 
 
 def round_for_readers(half: Node, emitter_cls: type[Emitter]) -> None:
