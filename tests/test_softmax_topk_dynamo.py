@@ -685,3 +685,49 @@ def test_half_probabilities_read_beside_the_selection_are_read_rounded_and_alias
         assert torch.equal(want[-2], got[-2]), (fn.__name__, want[-2], got[-2])  # the mask's counts
         assert torch.equal(want[-1], got[-1]), fn.__name__
         assert torch.equal(want[-3], got[-3]), fn.__name__  # indices
+
+
+def test_half_probabilities_of_a_twin_softmax_are_read_rounded_too():
+    """The same softmax spelled again (a helper's own softmax(logits) for a mask) is read beside the values
+    as the selection's own probabilities are: its fp16/bf16 output, or the cast that rounds it, is read
+    through round_to (before, the mask counted 1 where eager keeps 2)."""
+
+    def twin_of_the_same_scores(x):
+        s = x.to(torch.bfloat16)
+        probs = torch.log_softmax(s, -1)
+        v, i = torch.topk(probs, 2, -1)
+        twin = torch.log_softmax(s, -1)
+        return (v, i, (twin >= v.amin(-1, keepdim=True)).sum(-1))
+
+    def twin_rounded_by_a_cast(x):
+        probs = torch.softmax(x, -1).half()
+        v, i = torch.topk(probs, 2, -1)
+        twin = torch.softmax(x, -1).half()
+        return (v, i, (twin >= v.amin(-1, keepdim=True)).sum(-1))
+
+    x = torch.stack([torch.randperm(6, generator=torch.Generator().manual_seed(r)) for r in range(7)]).float() - 2.5
+    for fn in (twin_of_the_same_scores, twin_rounded_by_a_cast):
+        want = fn(x.clone())
+        torch._dynamo.reset()
+        got = torch.compile(fn, backend="draftfuse")(x.clone())
+        assert torch.equal(want[1], got[1]) and torch.equal(want[2], got[2]), (fn.__name__, want[2], got[2])
+
+
+def test_integer_logits_scaled_then_written_in_place_keep_the_write_in_the_values():
+    """The values of integer logits scaled into floats are computed from x made float first (Inductor's
+    joint-graph pass wraps int8 otherwise); where the scores are written in place before the softmax
+    (s4.mul_(0.25)) that recomputation missed the write: 0.865 where eager's top probability is 0.414
+    (the Dynamo-level selection fuzzer, seed 720801)."""
+
+    def draft(x):
+        s = (x * -1 / 0.5).to(torch.bfloat16).type(torch.float32)
+        s.mul_(0.25)
+        v, i = torch.topk(torch.softmax(s, dim=-1).to(torch.float64), 1, -1)
+        return v, i
+
+    x = torch.tensor([[[-2, 3, 1, 0, 2, -1]], [[-1, -2, 3, 2, 0, 1]]], dtype=torch.int32)
+    result = rewrite_softmax_topk(dynamo_graph(draft, x.clone()))
+    assert result.report.rewrites, str(result.report)
+    want, got = draft(x.clone()), result.graph_module(x.clone())
+    assert torch.equal(want[1], got[1])
+    assert torch.allclose(want[0], got[0], rtol=1e-6), (want[0].flatten(), got[0].flatten())

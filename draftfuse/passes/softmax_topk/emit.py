@@ -180,9 +180,10 @@ class SoftmaxParts:
     Rewrites of one softmax share one SoftmaxParts, hence one exp-sum.
     """
 
-    def __init__(self, emit: Emitter, softmax: Softmax, read_elsewhere: bool = False) -> None:
+    def __init__(self, emit: Emitter, softmax: Softmax, read_elsewhere: bool = False, scores_written: bool = False) -> None:
         self.emit, self.softmax = emit, softmax
         self.read_elsewhere = read_elsewhere  # something but selections reads the softmax (rewrite.read_elsewhere)
+        self.scores_written = scores_written  # the scores, or what they are computed from, are written in place before the softmax
         self._z, self._sum_exp, self._log_sum = softmax.z, softmax.sum_exp, softmax.log_sum
 
     def z(self) -> Node:
@@ -197,8 +198,12 @@ class SoftmaxParts:
     def _scores_of_float_logits(self) -> Node:
         """The softmax input; for integer logits scaled into floats (x / t, x * 0.5) the same scale of x made
         float first, the same value (torch promotes x so): Inductor's joint-graph pass rewrites s - amax(s)
-        into (x * sign - max(x * sign)) / (sign * t) in x's dtype, where int8's -128 * -1 wraps around."""
+        into (x * sign - max(x * sign)) / (sign * t) in x's dtype, where int8's -128 * -1 wraps around. Not
+        where the scores or what they are computed from are written in place before the softmax (s.mul_(0.25)):
+        the expression computed again would miss the write."""
         emit, casts, s = self.emit, [], self.softmax.scores
+        if self.scores_written:
+            return s
         while (cast := as_cast(s)) is not None and isinstance(cast[0], Node):  # s4 = (x / t).to(float32), say
             casts.append(s)
             s = cast[0]

@@ -109,6 +109,15 @@ def _half_tensors(m: Match) -> list[Node]:
     return [n for n in own if _dtype(n) in HALF]
 
 
+def _half_twins(m: Match, level: str) -> list[Node]:
+    """The fp16/bf16 outputs of the softmax's twins (read_elsewhere), and of the casts right after one that
+    make its probabilities fp16/bf16: read beside the values as the softmax's own are."""
+    found = []
+    for twin in _twins(m.softmax, level):
+        found += [twin] + [user for user in twin.users if (cast := as_cast(user)) is not None and cast[0] is twin and _dtype(user) != _dtype(twin)]
+    return [n for n in found if _dtype(n) in HALF]
+
+
 def _dtype(node: Node) -> torch.dtype | None:
     return getattr(fake_tensor(node), "dtype", None)
 
@@ -323,11 +332,11 @@ def rewrite_graph(graph: torch.fx.Graph, *, probs: str = "exact", lowering: str 
 
     def apply(sel: Selection, m: Match, erased: set[Node]) -> Rewrite:
         parts = parts_by_softmax.get(m.softmax.node) or SoftmaxParts(
-            emitter_cls(origin=sel.node, cursor=m.softmax.node), m.softmax, read_elsewhere(m.softmax, level, rewritten)
+            emitter_cls(origin=sel.node, cursor=m.softmax.node), m.softmax, read_elsewhere(m.softmax, level, rewritten), m.written_by is not None
         )
         parts.emit.origin = sel.node
         start = parts.emit.cursor
-        half = _half_tensors(m) if parts.read_elsewhere and m.half else []
+        half = _half_tensors(m) + _half_twins(m, level) if parts.read_elsewhere and m.half else []
         try:
             rewrite = _apply(m, parts, probs, lowering, erased)
         except Exception:
