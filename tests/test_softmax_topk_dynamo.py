@@ -731,3 +731,23 @@ def test_integer_logits_scaled_then_written_in_place_keep_the_write_in_the_value
     want, got = draft(x.clone()), result.graph_module(x.clone())
     assert torch.equal(want[1], got[1])
     assert torch.allclose(want[0], got[0], rtol=1e-6), (want[0].flatten(), got[0].flatten())
+
+
+def test_post_grad_twin_of_a_narrowing_softmax_is_found():
+    """softmax(x, dtype=float16) is refused at the Dynamo level and rewritten after decomposition, where each
+    spelling casts x again: the twin a mask reads is no longer the same node's softmax. Found by the values'
+    logits computed alike (a functional graph), its values are gathered and its fp16 output read rounded
+    (before: the exp-sum's 1/sum rounded against the twin's unrounded maximum, counts of 0 where eager has
+    1; the backend fuzzer, seed 620051)."""
+
+    def draft(x):
+        probs = x.softmax(-1, dtype=torch.float16)
+        v, i = probs.max(-1, keepdim=True)
+        twin = x.softmax(-1, dtype=torch.float16)
+        return (i, v, (twin >= v).sum(-1))
+
+    x = torch.stack([torch.randperm(6, generator=torch.Generator().manual_seed(r)) for r in range(7)]).float() - 2.5
+    want = draft(x.clone())
+    torch._dynamo.reset()
+    got = torch.compile(draft, backend="draftfuse")(x.clone())
+    assert torch.equal(want[0], got[0]) and torch.equal(want[2], got[2]), (want[2], got[2])

@@ -20,6 +20,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 from collections.abc import Callable
+from typing import Any
 
 import torch
 from torch._dynamo.utils import counters
@@ -86,7 +87,41 @@ def _twins(softmax: Softmax, level: str, limit: int = 256) -> list[Node]:
                 if user not in seen:
                     seen.add(user)
                     frontier.append((user, depth + 1))
+    if level == "aten":  # decomposed, each softmax(x, dtype=...) casts x again: twins of equal logits, not the same node
+        found += [n for n in _aten_twins(softmax, root) if n not in found]
     return found
+
+
+def _aten_twins(softmax: Softmax, root: Node) -> list[Node]:
+    """Softmaxes of a post-grad graph (functional: an op's value is fixed by its op and inputs) over the same
+    dim of logits computed by the same ops from the same inputs."""
+    found = []
+    for node in softmax.node.graph.nodes:
+        if node is softmax.node or node.op != "call_function":
+            continue
+        try:
+            other = recognise(node, "aten")
+        except Refuse:
+            continue
+        if other is not None and (other.dim, other.log) == (softmax.dim, softmax.log) and _same_value(peel_logits(other.scores)[0], root):
+            found.append(node)
+    return found
+
+
+def _same_value(a: Any, b: Any, depth: int = 8) -> bool:
+    """Whether two post-grad values are computed alike: the same node, equal constants, or the same
+    deterministic op over arguments computed alike (at most `depth` ops deep)."""
+    if a is b:
+        return True
+    if isinstance(a, (list, tuple)) and isinstance(b, (list, tuple)):
+        return len(a) == len(b) and all(_same_value(x, y, depth) for x, y in zip(a, b))
+    if not isinstance(a, Node) or not isinstance(b, Node):
+        return not isinstance(a, Node) and not isinstance(b, Node) and type(a) is type(b) and a == b
+    if depth == 0 or a.op != "call_function" or b.op != "call_function" or a.target != b.target:
+        return False
+    if torch.Tag.nondeterministic_seeded in getattr(a.target, "tags", ()) or a.kwargs.keys() != b.kwargs.keys():
+        return False
+    return _same_value(a.args, b.args, depth - 1) and all(_same_value(a.kwargs[k], b.kwargs[k], depth - 1) for k in a.kwargs)
 
 
 def _read_by_others(probs: Node, rewritten: Callable[[Selection], bool]) -> bool:
