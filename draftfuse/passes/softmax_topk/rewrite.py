@@ -59,13 +59,13 @@ def _replay_casts(m: Match, emit: Emitter, value: Node) -> Node:
     return value
 
 
-def read_elsewhere(softmax: Softmax, level: str, rewritten: Callable[[Selection], bool]) -> bool:
+def read_elsewhere(softmax: Softmax, twins: list[Node], rewritten: Callable[[Selection], bool]) -> bool:
     """Whether anything but selections this pass rewrites (directly or through casts) reads the
     probabilities, or those of a twin: the same softmax spelled again (a helper's `softmax(logits)`),
     which eager computes bit for bit alike, so a reader comparing the twin's probabilities with the
     values (`probs >= values[:, -1:]`) must get values from a probability tensor too (Inductor merges
     the twins into one)."""
-    return any(_read_by_others(node, rewritten) for node in [softmax.node, *_twins(softmax, level)])
+    return any(_read_by_others(node, rewritten) for node in [softmax.node, *twins])
 
 
 def _twins(softmax: Softmax, level: str, limit: int = 256) -> list[Node]:
@@ -139,38 +139,41 @@ def _half_tensors(m: Match) -> list[Node]:
     """The fp16/bf16 probability tensors on the way from the softmax to the selection that are tensors of
     their own (the softmax's output, or a cast that changes the dtype; not a view, which shares memory)."""
     casts = m.matched[1 : 1 + len(m.prob_casts)]  # Match.matched: the selection, its casts back to the softmax, ...
-    own = [m.matched[1 + len(m.prob_casts)]]  # the softmax's output
-    own += [n for n in reversed(casts) if _dtype(as_cast(n)[0]) != _dtype(n)]  # not p.to(p.dtype), which is p itself
-    return [n for n in own if _dtype(n) in HALF]
+    return _own_half([m.matched[1 + len(m.prob_casts)], *reversed(casts)])  # the softmax's output first
 
 
-def _half_twins(m: Match, level: str) -> list[Node]:
+def _half_twins(twins: list[Node]) -> list[Node]:
     """The fp16/bf16 outputs of the softmax's twins (read_elsewhere), and of the casts right after one that
     make its probabilities fp16/bf16: read beside the values as the softmax's own are."""
-    found = []
-    for twin in _twins(m.softmax, level):
-        found += [twin] + [user for user in twin.users if (cast := as_cast(user)) is not None and cast[0] is twin and _dtype(user) != _dtype(twin)]
-    return [n for n in found if _dtype(n) in HALF]
+    casts = [user for twin in twins for user in twin.users if (as_cast(user) or (None,))[0] is twin]
+    return _own_half([*twins, *casts])
 
 
-def _dtype(node: Node) -> torch.dtype | None:
-    return getattr(fake_tensor(node), "dtype", None)
+def _own_half(nodes: list[Node]) -> list[Node]:
+    """Those of `nodes` that hold fp16/bf16 values in a tensor of their own: not a cast to the dtype its input
+    has already (p.to(p.dtype) is p itself)."""
+    dtype = Emitter.dtype_of
+    return [n for n in nodes if dtype(n) in HALF and ((cast := as_cast(n)) is None or dtype(cast[0]) != dtype(n))]
 
 
-def round_for_readers(half: Node, emitter_cls: type[Emitter]) -> None:
+def round_for_readers(half: Node, emitter_cls: type[Emitter], rounded: Node | None = None) -> Node:
     """Make every reader of `half` (fp16/bf16 probabilities that something besides a rewritten selection
     reads) read it through `draftfuse::round_to`, which Inductor stores rounded. Without it, once the
     selection no longer reads the probabilities, Inductor may fuse the softmax into those readers and
     compute them from the unrounded float32 values, while the values the rewrite gathers are rounded:
     `(probs >= values.amin(-1, keepdim=True)).sum(-1)` then counted fewer than the k entries eager keeps.
     A cast is replaced by the same cast as round_to; the softmax's own fp16/bf16 output is copied (its
-    readers, in-place writes included, all go to the copy, so aliasing is as it was)."""
-    cast = as_cast(half)
-    source, dtype = cast if cast is not None else (half, fake_tensor(half).dtype)
-    rounded = emitter_cls(origin=half, cursor=half).call("round", source, dtype)
+    readers, in-place writes included, all go to the copy, so aliasing is as it was). `rounded`: the copy
+    made for an earlier selection's rewrite, which the new readers (this rewrite's gather) go to as well.
+    Returns the round_to."""
+    cast = as_cast(half) if rounded is None else None
+    if rounded is None:
+        source, dtype = cast if cast is not None else (half, fake_tensor(half).dtype)
+        rounded = emitter_cls(origin=half, cursor=half).call("round", source, dtype)
     half.replace_all_uses_with(rounded, delete_user_cb=lambda user: user is not rounded)
     if cast is not None:
         half.graph.erase_node(half)
+    return rounded
 
 
 def _gathered(m: Match, emit: Emitter, index: Node, dim_kept: bool) -> Node:
@@ -349,6 +352,8 @@ def rewrite_graph(graph: torch.fx.Graph, *, probs: str = "exact", lowering: str 
     report = PassReport(PASS_NAME)
     emitter_cls = AtenEmitter if level == "aten" else TorchEmitter
     parts_by_softmax: dict[Node, SoftmaxParts] = {}  # selections of one softmax share its emitted parts
+    twins_of: dict[Node, list[Node]] = {}  # each softmax's twins, found once
+    rounded_of: dict[Node, Node] = {}  # a softmax's fp16/bf16 output -> the round_to its other readers read
 
     last_effects: list[Effects] = []  # of the graph as the selection being applied was matched on
 
@@ -366,12 +371,15 @@ def rewrite_graph(graph: torch.fx.Graph, *, probs: str = "exact", lowering: str 
             return False
 
     def apply(sel: Selection, m: Match, erased: set[Node]) -> Rewrite:
+        if m.softmax.node not in twins_of:
+            twins_of[m.softmax.node] = _twins(m.softmax, level)
+        twins = twins_of[m.softmax.node]
         parts = parts_by_softmax.get(m.softmax.node) or SoftmaxParts(
-            emitter_cls(origin=sel.node, cursor=m.softmax.node), m.softmax, read_elsewhere(m.softmax, level, rewritten), m.written_by is not None
+            emitter_cls(origin=sel.node, cursor=m.softmax.node), m.softmax, read_elsewhere(m.softmax, twins, rewritten), m.written_by is not None
         )
         parts.emit.origin = sel.node
         start = parts.emit.cursor
-        half = _half_tensors(m) + _half_twins(m, level) if parts.read_elsewhere and m.half else []
+        half = _half_tensors(m) + _half_twins(twins) if parts.read_elsewhere and m.half else []
         try:
             rewrite = _apply(m, parts, probs, lowering, erased)
         except Exception:
@@ -379,9 +387,9 @@ def rewrite_graph(graph: torch.fx.Graph, *, probs: str = "exact", lowering: str 
             parts_by_softmax.pop(m.softmax.node, None)
             raise
         parts_by_softmax[m.softmax.node] = parts
-        rounded = [node for node in half if node not in erased and node.users]
+        rounded = [node for node in half if node not in erased and set(node.users) - {rounded_of.get(node)}]
         for node in rounded:
-            round_for_readers(node, emitter_cls)
+            rounded_of[node] = round_for_readers(node, emitter_cls, rounded_of.get(node))
         if rounded:
             note = f"its other readers read the {str(m.read_dtype).removeprefix('torch.')} probabilities stored rounded (round_to)"
             rewrite = dataclasses.replace(rewrite, detail=f"{rewrite.detail}; {note}")
